@@ -1,0 +1,83 @@
+// flashhop public C++ API: exact attention forward on NVIDIA Hopper (sm_90a).
+//
+// Conventions (as FlashAttention):
+//   Q   (batch, seqlen_q, nheads,    d)
+//   K   (batch, seqlen_k, nheads_kv, d)
+//   V   (batch, seqlen_k, nheads_kv, dv)
+//   O   (batch, seqlen_q, nheads,    dv)
+//   LSE (batch, nheads, seqlen_q), float32, natural log; optional.
+// Strides are in elements; the last dimension must be contiguous and every other stride must give
+// 16-byte aligned rows. nheads % nheads_kv == 0 (GQA / MQA). Causal masking is aligned to the
+// bottom-right corner: query i attends to keys j <= i + seqlen_k - seqlen_q. A fully masked row gives
+// O = 0 and LSE = -inf.
+//
+// Every call is asynchronous on the caller's stream, allocates nothing and keeps no global state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+namespace flashhop {
+
+enum class DType { kFloat16, kBFloat16, kFloat32 };
+
+// Size in bytes of one element of `dtype`.
+std::size_t dtype_size(DType dtype);
+// "float16", "bfloat16", "float32".
+const char* dtype_name(DType dtype);
+
+inline constexpr int kMaxRank = 4;
+
+// A strided view of device memory. Unused trailing entries of shape/stride are ignored.
+struct TensorDesc {
+  void* data = nullptr;
+  DType dtype = DType::kBFloat16;
+  int rank = 0;
+  std::int64_t shape[kMaxRank] = {};
+  std::int64_t stride[kMaxRank] = {};  // in elements
+  int device = 0;                       // CUDA device ordinal that holds `data`
+};
+
+// Builds a descriptor with contiguous (row-major) strides.
+TensorDesc make_contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                           int device = 0);
+
+enum class StatusCode {
+  kSuccess = 0,
+  kInvalidArgument = 1,  // the call's arguments break the conventions above
+  kNotSupported = 2,     // valid, but not built or not implemented (e.g. a head dim)
+  kCudaError = 3,        // the CUDA runtime reported an error
+};
+
+struct Status {
+  StatusCode code = StatusCode::kSuccess;
+  std::string message;  // empty on success; otherwise names the argument, the value and what was expected
+
+  bool ok() const { return code == StatusCode::kSuccess; }
+  static Status success() { return {}; }
+};
+
+struct ForwardArgs {
+  TensorDesc q, k, v, o;
+  std::optional<TensorDesc> lse;             // written when present
+  std::optional<float> softmax_scale;        // default 1 / sqrt(d)
+  bool causal = false;
+};
+
+// Bytes of device workspace `forward` needs for these arguments (validates them first).
+Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
+
+// O = softmax(scale * Q K^T [masked]) V, and LSE per query row.
+// `workspace` must hold at least forward_workspace_size() bytes (may be null when that is 0).
+// On any error nothing is launched and the message says what was wrong.
+Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_bytes,
+               cudaStream_t stream);
+
+// Checks the arguments without touching the device (used by forward; exposed for tests and bindings).
+Status validate_forward(const ForwardArgs& args);
+
+}  // namespace flashhop

@@ -1,0 +1,52 @@
+/* flashhop C API: a thin layer over flashhop.h for other languages and frameworks.
+ * No exceptions cross it; every function returns a status code, and the message of the last
+ * failed call on this thread is available from flashhop_last_error(). */
+#ifndef FLASHHOP_C_H
+#define FLASHHOP_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  FLASHHOP_SUCCESS = 0,
+  FLASHHOP_INVALID_ARGUMENT = 1,
+  FLASHHOP_NOT_SUPPORTED = 2,
+  FLASHHOP_CUDA_ERROR = 3,
+  FLASHHOP_INTERNAL_ERROR = 4
+} flashhop_status_t;
+
+typedef enum { FLASHHOP_FLOAT16 = 0, FLASHHOP_BFLOAT16 = 1, FLASHHOP_FLOAT32 = 2 } flashhop_dtype_t;
+
+typedef struct {
+  void* data;
+  flashhop_dtype_t dtype;
+  int rank;
+  int64_t shape[4];
+  int64_t stride[4]; /* in elements */
+  int device;
+} flashhop_tensor_t;
+
+typedef struct {
+  flashhop_tensor_t q, k, v, o;
+  const flashhop_tensor_t* lse; /* NULL: not written */
+  float softmax_scale;          /* 0: default 1/sqrt(d) */
+  int causal;                   /* 0 or 1 */
+} flashhop_forward_args_t;
+
+flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);
+flashhop_status_t flashhop_forward(const flashhop_forward_args_t* args, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream);
+/* Message of the last failed call on this thread; "" when the last call succeeded. */
+const char* flashhop_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHHOP_C_H */
