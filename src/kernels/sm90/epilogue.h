@@ -1,0 +1,92 @@
+// Epilogue of the sm90 forward kernel: the normalised O accumulator goes registers -> shared memory
+// (stmatrix, into Q's buffer, which the mainloop no longer reads) -> global memory (one TMA store,
+// which also clips rows past seqlen_q); LSE is written per row by the thread that owns it.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "api/forward_params.h"
+#include "kernels/sm90/barriers.h"
+#include "kernels/sm90/gmma_utils.h"
+
+namespace flashhop::sm90 {
+
+template <class Mainloop>
+struct ForwardEpilogue {
+  using Element = typename Mainloop::Element;
+  using BlockM = typename Mainloop::BlockM;
+  using HeadDim = typename Mainloop::HeadDim;
+  using TiledMmaPV = typename Mainloop::TiledMmaPV;
+  // O has Q's shape and shares its buffer, so it takes Q's layout: each consumer warpgroup then
+  // writes only the rows its own Q K^T GEMMs read, and no cross-warpgroup hazard arises.
+  using SmemLayoutO = typename Mainloop::SmemLayoutQ;
+  using GmemTensor = typename Mainloop::GmemTensor;
+  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{},
+                                            cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
+
+  struct Params {
+    TmaO tma_o;
+    float* lse;  // (batch, nheads, seqlen_q) or null
+    int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+    int seqlen_q, nheads, batch;
+  };
+
+  static Params to_params(detail::ForwardParams const& p) {
+    using namespace cute;
+    auto mO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.o)),
+                          make_shape(p.seqlen_q, HeadDim{}, p.nheads, p.batch),
+                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
+    return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutO{}, Shape<BlockM, HeadDim>{}, _1{}),
+            p.lse,
+            p.lse_batch_stride,
+            p.lse_head_stride,
+            p.lse_row_stride,
+            p.seqlen_q,
+            p.nheads,
+            p.batch};
+  }
+
+  // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order).
+  // thread_idx in [0, 256) over both consumer warpgroups.
+  template <class OAccum, class RowValues>
+  static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
+                                   RowValues const& lse, int thread_idx, int m_block, int head, int batch) {
+    using namespace cute;
+    TiledMmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+
+    if (params.lse != nullptr && thread_idx % 4 == 0) {  // lane 0 of each quad holds its rows' LSE
+      Tensor coords = rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{})));
+      float* lse_head = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+      CUTLASS_PRAGMA_UNROLL
+      for (int m = 0; m < size<0>(coords); ++m) {
+        int const row = m_block * BlockM::value + get<0>(coords(m, 0));
+        if (row < params.seqlen_q) lse_head[row * params.lse_row_stride] = lse[m];
+      }
+    }
+
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});  // (kBlockM, d)
+    Tensor o_regs = make_tensor<Element>(o_accum.layout());
+    convert_fragment_into(o_accum, o_regs);
+    auto smem_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+    auto thr_copy_o = smem_copy_o.get_thread_slice(thread_idx);
+    Tensor tOrO = thr_copy_o.retile_S(o_regs);  // ((Atom, AtomNum), MMA_M, MMA_N)
+    Tensor tOsO = thr_copy_o.partition_D(sO);
+    copy(smem_copy_o, tOrO, tOsO);
+    // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+
+    if (thread_idx == 0) {
+      Tensor mO = params.tma_o.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
+      Tensor gO = local_tile(mO(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+      auto tma_o = params.tma_o.get_slice(_0{});
+      copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      tma_store_arrive();
+      tma_store_wait<0>();  // the CTA's shared memory must outlive the TMA's reads of it
+    }
+  }
+};
+
+}  // namespace flashhop::sm90

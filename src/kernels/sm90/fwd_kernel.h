@@ -1,0 +1,107 @@
+// The sm90 forward kernel: wires the tile scheduler, the mainloop (producer and consumer halves)
+// and the epilogue, and assigns warp roles and register budgets.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "api/forward_params.h"
+#include "kernels/sm90/barriers.h"
+#include "kernels/sm90/epilogue.h"
+#include "kernels/sm90/fwd_mainloop.h"
+#include "kernels/sm90/softmax.h"
+#include "kernels/sm90/tile_scheduler.h"
+
+namespace flashhop::sm90 {
+
+template <class Mainloop_, class Epilogue_>
+struct ForwardKernel {
+  using Mainloop = Mainloop_;
+  using Epilogue = Epilogue_;
+  using Mask = typename Mainloop::Mask;
+  using Pipeline = typename Mainloop::Pipeline;
+  using Scheduler = SingleTileScheduler<Mask::kIsCausal>;
+
+  struct SharedStorage {
+    typename Mainloop::SharedStorage tensors;
+    cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed in shared memory
+    typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
+    typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
+  };
+  static constexpr int kSharedBytes = sizeof(SharedStorage);
+  static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    typename Epilogue::Params epilogue;
+    Mask mask;
+  };
+
+  static Params to_params(detail::ForwardParams const& p) {
+    return {Mainloop::to_params(p), Epilogue::to_params(p), Mask{p.seqlen_q, p.seqlen_k}};
+  }
+
+  static int num_m_blocks(detail::ForwardParams const& p) {
+    return (p.seqlen_q + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
+  }
+
+  CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
+    using namespace cute;
+    SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
+    auto const role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
+    ForwardTile const tile = Scheduler::tile();
+    int const n_block_end =
+        params.mask.template n_block_end<Mainloop::kBlockM, Mainloop::kBlockN>(tile.m_block);
+
+    if (threadIdx.x == 0) shared.q_full.init(/*arrive_count=*/1);
+    typename Pipeline::Params pipeline_params;
+    pipeline_params.transaction_bytes = Mainloop::kKVTileBytes;
+    pipeline_params.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
+                                                            : Pipeline::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;
+    pipeline_params.num_consumers = kConsumerThreads;
+    // The constructors initialise the barriers (warp 0) and fence the initialisation.
+    Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    // Every barrier is initialised before any thread waits on or arrives at one.
+    __syncthreads();
+
+    if (role == WarpGroupRole::kProducer) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+      if (threadIdx.x == 0 && n_block_end > 0) {
+        Mainloop::prefetch_tma_descriptors(params.mainloop);
+        Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, tile.m_block,
+                       tile.head, tile.batch, n_block_end);
+      }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+      int const consumer = static_cast<int>(role) - static_cast<int>(WarpGroupRole::kConsumer0);
+      int const thread_idx = threadIdx.x - kThreadsPerWarpGroup;
+      typename Mainloop::TiledMmaPV mma_pv;
+      Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDim>{});
+      clear(o_accum);
+      constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
+      OnlineSoftmax<kRows> softmax(params.mainloop.softmax_scale_log2);
+
+      MmaScheduler::init(consumer);
+      if (n_block_end > 0) {
+        Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, pipeline_k, pipeline_v,
+                      o_accum, softmax, thread_idx, consumer, tile.m_block, n_block_end);
+      }
+      MmaScheduler::finish(consumer);
+      auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.softmax_scale);
+      Epilogue::store(params.epilogue, shared.tensors.q.data(), o_accum, lse, thread_idx, tile.m_block,
+                      tile.head, tile.batch);
+    }
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(kForwardThreads, 1) forward_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(1024) unsigned char smem_buf[];
+  Kernel{}(params, smem_buf);
+}
+
+}  // namespace flashhop::sm90

@@ -1,0 +1,15 @@
+// Host entry of the sm90 forward kernel for one (element type, head dim, mask) configuration.
+// Defined in fwd_launch_impl.h and instantiated once per generated file under instantiations/.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include "api/forward_params.h"
+#include "kernels/sm90/mask.h"
+
+namespace flashhop::sm90 {
+
+template <class Element, int kHeadDim, class Mask>
+Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream);
+
+}  // namespace flashhop::sm90

@@ -1,0 +1,70 @@
+// CuTe plumbing for warpgroup GEMMs (wgmma) and views of their register fragments.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+namespace flashhop::sm90 {
+
+// C (+)= A B for one warpgroup, issued asynchronously. A comes from shared memory (descriptors) or
+// registers; B from shared memory. kWait >= 0 waits until at most kWait wgmma batches are in flight.
+// The operand fences keep the compiler from touching registers that an in-flight wgmma owns.
+template <bool kZeroInit, int kWait, class TiledMma, class TensorA, class TensorB, class TensorC>
+CUTLASS_DEVICE void warpgroup_gemm(TiledMma& tiled_mma, TensorA const& a, TensorB const& b, TensorC& c) {
+  // A from shared memory is a tensor of wgmma descriptors; anything else is a register fragment.
+  constexpr bool kAInRegisters = !cute::is_base_of<cute::GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (kAInRegisters) cute::warpgroup_fence_operand(const_cast<TensorA&>(a));
+  cute::warpgroup_fence_operand(c);
+  cute::warpgroup_arrive();
+  if constexpr (kZeroInit) tiled_mma.accumulate_ = cute::GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < cute::size<2>(a); ++k) {
+    cute::gemm(tiled_mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), c);
+    tiled_mma.accumulate_ = cute::GMMA::ScaleOut::One;
+  }
+  cute::warpgroup_commit_batch();
+  if constexpr (kWait >= 0) cute::warpgroup_wait<kWait>();
+  cute::warpgroup_fence_operand(c);
+  if constexpr (kAInRegisters) cute::warpgroup_fence_operand(const_cast<TensorA&>(a));
+}
+
+// A wgmma accumulator fragment is ((2 cols, 2 rows, N/8 col groups), MMA_M, MMA_N) per thread.
+// Returns the (rows, cols) view: ((2, MMA_M), (2, N/8, MMA_N)).
+template <class Layout>
+CUTLASS_DEVICE constexpr auto accumulator_rowcol(Layout const& acc) {
+  using namespace cute;
+  static_assert(decltype(rank<0>(acc))::value == 3);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+template <class Tensor>
+CUTLASS_DEVICE auto rowcol_view(Tensor&& t) {
+  return cute::make_tensor(t.data(), accumulator_rowcol(t.layout()));
+}
+
+// The accumulator of S = Q K^T, converted to 16 bits, is the register A operand of O = P V:
+// a 16-bit A fragment covers K = 16, i.e. two accumulator column groups of 8.
+// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
+template <class Layout>
+CUTLASS_DEVICE constexpr auto accumulator_as_a_operand(Layout const& acc) {
+  using namespace cute;
+  auto col_groups = logical_divide(get<0, 2>(acc), Tile<_2>{});  // (2, N/16)
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(col_groups)), get<1>(acc),
+                     coalesce(make_layout(get<0, 1>(col_groups), get<2>(acc))));
+}
+
+// Element-wise conversion of a register fragment into another of the same size, vectorised by
+// CUTLASS's array converter.
+template <class SrcTensor, class DstTensor>
+CUTLASS_DEVICE void convert_fragment_into(SrcTensor const& src, DstTensor& dst) {
+  using From = typename SrcTensor::value_type;
+  using To = typename DstTensor::value_type;
+  constexpr int kNumel = decltype(cute::size(src))::value;
+  static_assert(decltype(cute::size(dst))::value == kNumel);
+  cutlass::NumericArrayConverter<To, From, kNumel> convert;
+  *reinterpret_cast<cutlass::Array<To, kNumel>*>(dst.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kNumel> const*>(src.data()));
+}
+
+}  // namespace flashhop::sm90

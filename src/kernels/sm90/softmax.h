@@ -1,0 +1,99 @@
+// Online softmax over the key tiles of one query tile, in registers (FlashAttention-2/3 form).
+// Each consumer thread holds kRows query rows of S; a row is spread over the 4 threads of a quad.
+// Scores stay unscaled; exp2 with the scale folded into log2(e) turns exp into one FFMA + EX2.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+namespace flashhop::sm90 {
+
+// Reduces `value` over the 4 lanes that share a row of a wgmma accumulator.
+template <class Op>
+CUTLASS_DEVICE float quad_allreduce(float value, Op op) {
+  value = op(value, __shfl_xor_sync(0xffffffff, value, 1));
+  value = op(value, __shfl_xor_sync(0xffffffff, value, 2));
+  return value;
+}
+
+// 2^x by the MUFU unit (ex2.approx, flush-to-zero): exp2f would add range handling that the
+// max-subtracted arguments (<= 0, or -inf for masked scores) never need.
+CUTLASS_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+  using RowValues = cute::array<float, kRows>;
+
+  float scale_log2;   // softmax_scale * log2(e)
+  RowValues row_max;  // running max of the raw scores, reduced over the quad
+  RowValues row_sum;  // running sum of exp, this thread's columns only (reduced in finalize)
+
+  CUTLASS_DEVICE explicit OnlineSoftmax(float softmax_scale_log2) : scale_log2(softmax_scale_log2) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      row_max[m] = -cutlass::platform::numeric_limits<float>::infinity();
+      row_sum[m] = 0.f;
+    }
+  }
+
+  // Folds one tile of scores (rows, cols) into the running max and sum, replaces the scores with
+  // P = exp(scale * (s - max)), and returns per row the factor by which O must be rescaled.
+  template <bool kIsFirst, class Scores>
+  CUTLASS_DEVICE RowValues update(Scores& scores) {
+    static_assert(decltype(cute::size<0>(scores))::value == kRows);
+    RowValues o_scale;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      float tile_max = row_max[m];
+      CUTLASS_PRAGMA_UNROLL
+      for (int n = 0; n < cute::size<1>(scores); ++n) tile_max = fmaxf(tile_max, scores(m, n));
+      float const new_max = quad_allreduce(tile_max, [](float a, float b) { return fmaxf(a, b); });
+      // A row with no visible key yet keeps max = -inf; subtract 0 then, so exp2(-inf) = 0, not NaN.
+      float const max_scaled =
+          new_max == -cutlass::platform::numeric_limits<float>::infinity() ? 0.f : new_max * scale_log2;
+      o_scale[m] = kIsFirst ? 1.f : fast_exp2(row_max[m] * scale_log2 - max_scaled);
+      row_max[m] = new_max;
+      float tile_sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int n = 0; n < cute::size<1>(scores); ++n) {
+        scores(m, n) = fast_exp2(fmaf(scores(m, n), scale_log2, -max_scaled));
+        tile_sum += scores(m, n);
+      }
+      row_sum[m] = kIsFirst ? tile_sum : fmaf(row_sum[m], o_scale[m], tile_sum);
+    }
+    return o_scale;
+  }
+
+  // Multiplies each row of O (rows, cols) by its factor.
+  template <class Accum>
+  CUTLASS_DEVICE static void rescale(Accum&& o, RowValues const& factor) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int n = 0; n < cute::size<1>(o); ++n) o(m, n) *= factor[m];
+    }
+  }
+
+  // Normalises O by the row sums and returns the natural-log LSE per row. A row that saw no key
+  // gets O = 0 and LSE = -inf.
+  template <class Accum>
+  CUTLASS_DEVICE RowValues finalize(Accum&& o, float softmax_scale) {
+    RowValues lse, inv_sum;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      float const sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
+      bool const empty = !(sum > 0.f);
+      inv_sum[m] = empty ? 0.f : 1.f / sum;
+      lse[m] = empty ? -cutlass::platform::numeric_limits<float>::infinity()
+                     : row_max[m] * softmax_scale + logf(sum);
+    }
+    rescale(o, inv_sum);
+    return lse;
+  }
+};
+
+}  // namespace flashhop::sm90
