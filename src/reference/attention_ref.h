@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "flashhop/flashhop.h"
+
 namespace flashhop::reference {
 
 struct AttentionShape {
@@ -19,5 +21,13 @@ struct AttentionShape {
 void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v,
                        double softmax_scale, bool causal, std::vector<double>* o,
                        std::vector<double>* lse);
+
+// The same attention at the precision a fused kernel keeps: scores, softmax and the P V sums in
+// float, the unnormalised probabilities rounded to `dtype` before the P V product, O rounded to
+// `dtype` at the end (float32: no rounding). Its distance from attention_forward() is the yardstick
+// for a kernel's error (FlashAttention's rule: kernel error <= 2 x this error + a small term).
+void attention_forward_low_precision(const AttentionShape& shape, const float* q, const float* k,
+                                     const float* v, double softmax_scale, bool causal, DType dtype,
+                                     std::vector<float>* o, std::vector<float>* lse);
 
 }  // namespace flashhop::reference

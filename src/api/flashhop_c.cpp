@@ -1,0 +1,106 @@
+// The C API: converts C structs to the C++ ones, and turns every outcome, exceptions included,
+// into a status code plus a per-thread message.
+#include "flashhop/flashhop_c.h"
+
+#include <exception>
+#include <string>
+
+#include "flashhop/flashhop.h"
+
+namespace {
+
+thread_local std::string last_error;
+
+// Assigning a message can itself throw (allocation); an empty message is better than an exception
+// escaping into C.
+void set_last_error(const char* message) noexcept {
+  try {
+    last_error = message;
+  } catch (...) {
+    last_error.clear();
+  }
+}
+
+flashhop_status_t to_c(flashhop::StatusCode code) {
+  switch (code) {
+    case flashhop::StatusCode::kSuccess:
+      return FLASHHOP_SUCCESS;
+    case flashhop::StatusCode::kInvalidArgument:
+      return FLASHHOP_INVALID_ARGUMENT;
+    case flashhop::StatusCode::kNotSupported:
+      return FLASHHOP_NOT_SUPPORTED;
+    case flashhop::StatusCode::kCudaError:
+      return FLASHHOP_CUDA_ERROR;
+  }
+  return FLASHHOP_INTERNAL_ERROR;
+}
+
+// Runs `call` (which returns a flashhop::Status) with nothing allowed to escape.
+template <typename Call>
+flashhop_status_t guarded(Call&& call) noexcept {
+  try {
+    const flashhop::Status status = call();
+    set_last_error(status.message.c_str());
+    return to_c(status.code);
+  } catch (const std::exception& e) {
+    set_last_error((std::string("internal error: ") + e.what()).c_str());
+  } catch (...) {
+    set_last_error("internal error: unknown exception");
+  }
+  return FLASHHOP_INTERNAL_ERROR;
+}
+
+flashhop::TensorDesc to_cpp(const flashhop_tensor_t& tensor) {
+  flashhop::TensorDesc desc;
+  desc.data = tensor.data;
+  // Any integer converts; validation names a value that is not a flashhop_dtype_t.
+  desc.dtype = static_cast<flashhop::DType>(tensor.dtype);
+  desc.rank = tensor.rank;
+  for (int d = 0; d < flashhop::kMaxRank; ++d) {
+    desc.shape[d] = tensor.shape[d];
+    desc.stride[d] = tensor.stride[d];
+  }
+  desc.device = tensor.device;
+  return desc;
+}
+
+flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardArgs* out) {
+  if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected forward arguments"};
+  if (args->causal != 0 && args->causal != 1) {
+    return {flashhop::StatusCode::kInvalidArgument,
+            "causal = " + std::to_string(args->causal) + ": expected 0 or 1"};
+  }
+  out->q = to_cpp(args->q);
+  out->k = to_cpp(args->k);
+  out->v = to_cpp(args->v);
+  out->o = to_cpp(args->o);
+  if (args->lse != nullptr) out->lse = to_cpp(*args->lse);
+  if (args->softmax_scale != 0.f) out->softmax_scale = args->softmax_scale;
+  out->causal = args->causal == 1;
+  return flashhop::Status::success();
+}
+
+}  // namespace
+
+extern "C" {
+
+flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes) {
+  return guarded([&] {
+    flashhop::ForwardArgs cpp_args;
+    if (flashhop::Status status = to_cpp(args, &cpp_args); !status.ok()) return status;
+    return flashhop::forward_workspace_size(cpp_args, bytes);
+  });
+}
+
+flashhop_status_t flashhop_forward(const flashhop_forward_args_t* args, void* workspace, size_t workspace_bytes,
+                                   cudaStream_t stream) {
+  return guarded([&] {
+    flashhop::ForwardArgs cpp_args;
+    if (flashhop::Status status = to_cpp(args, &cpp_args); !status.ok()) return status;
+    return flashhop::forward(cpp_args, workspace, workspace_bytes, stream);
+  });
+}
+
+const char* flashhop_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

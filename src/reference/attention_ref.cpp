@@ -1,0 +1,151 @@
+// Plain attention, one block of query rows of one head per task, tasks spread over all cores.
+// Work per block: scores = scale * Q_block K^T, softmax per row, O_block = P V. A block of rows shares
+// each K and V row it reads, so K and V stream through the cache once per block, not once per row.
+#include "reference/attention_ref.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace flashhop::reference {
+namespace {
+
+// Query rows per task: enough to reuse each K / V row 16 times, small enough that the score
+// accumulators stay in registers.
+constexpr int kRowBlock = 16;
+
+// Runs tasks 0..count-1 on every core. make_runner() is called once per thread and returns the
+// callable that runs one task there, so per-thread scratch memory lives in that callable.
+template <typename MakeRunner>
+void run_tasks(std::int64_t count, const MakeRunner& make_runner) {
+  if (count == 0) return;
+  const std::int64_t threads =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(std::thread::hardware_concurrency()), 1, count);
+  std::atomic<std::int64_t> next_task{0};
+  auto work = [&] {
+    auto run = make_runner();
+    for (std::int64_t task = next_task++; task < count; task = next_task++) run(task);
+  };
+  std::vector<std::thread> helpers;
+  for (std::int64_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+}
+
+// Keys [0, key_end) are visible to query row `row`: causal masking is aligned to the bottom-right
+// corner, so row i sees keys j <= i + seqlen_k - seqlen_q (none when that is negative).
+std::int64_t key_end(const AttentionShape& s, bool causal, std::int64_t row) {
+  if (!causal) return s.seqlen_k;
+  return std::clamp<std::int64_t>(row + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k);
+}
+
+// Attention with every sum in `Real`; round_probability(p) is applied to each unnormalised
+// probability exp(s - max) before the P V product (but not to the row sum, as in the kernels).
+template <typename Real, typename RoundProbability>
+void attend(const AttentionShape& s, const float* q, const float* k, const float* v, Real scale, bool causal,
+            RoundProbability round_probability, std::vector<Real>* o, std::vector<Real>* lse) {
+  if (s.nheads_kv < 1 || s.nheads % s.nheads_kv != 0) {
+    throw std::invalid_argument("reference attention: nheads must be a positive multiple of nheads_kv");
+  }
+  const std::int64_t d = s.head_dim, dv = s.head_dim_v;
+  const std::int64_t heads_per_kv_head = s.nheads / s.nheads_kv;
+  const std::int64_t row_blocks = (s.seqlen_q + kRowBlock - 1) / kRowBlock;
+  o->assign(static_cast<std::size_t>(s.batch) * s.seqlen_q * s.nheads * dv, Real(0));
+  lse->assign(static_cast<std::size_t>(s.batch) * s.nheads * s.seqlen_q, -std::numeric_limits<Real>::infinity());
+
+  auto make_runner = [&] {
+    std::vector<Real> q_block_t(d * kRowBlock);  // (head_dim, kRowBlock): Q block transposed
+    std::vector<Real> probs;                     // (keys, kRowBlock): scores, then probabilities
+    std::vector<Real> o_block(kRowBlock * dv);   // (kRowBlock, head_dim_v): unnormalised O
+    return [&, q_block_t, probs, o_block](std::int64_t task) mutable {
+      const std::int64_t b = task / (s.nheads * row_blocks);
+      const std::int64_t h = task / row_blocks % s.nheads;
+      const std::int64_t kv_head = h / heads_per_kv_head;
+      const std::int64_t row_begin = task % row_blocks * kRowBlock;
+      const std::int64_t rows = std::min<std::int64_t>(kRowBlock, s.seqlen_q - row_begin);
+      // Rows see more keys further down, so the block's last row bounds the keys it reads.
+      const std::int64_t block_keys = key_end(s, causal, row_begin + rows - 1);
+
+      // Rows past the end of the sequence stay zero and are never written out.
+      std::fill(q_block_t.begin(), q_block_t.end(), Real(0));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* q_row = q + ((b * s.seqlen_q + row_begin + r) * s.nheads + h) * d;
+        for (std::int64_t c = 0; c < d; ++c) q_block_t[c * kRowBlock + r] = q_row[c];
+      }
+
+      probs.resize(block_keys * kRowBlock);
+      for (std::int64_t j = 0; j < block_keys; ++j) {
+        const float* k_row = k + ((b * s.seqlen_k + j) * s.nheads_kv + kv_head) * d;
+        Real dots[kRowBlock] = {};
+        for (std::int64_t c = 0; c < d; ++c) {
+          const Real k_value = k_row[c];
+          for (int r = 0; r < kRowBlock; ++r) dots[r] += q_block_t[c * kRowBlock + r] * k_value;
+        }
+        for (int r = 0; r < kRowBlock; ++r) probs[j * kRowBlock + r] = dots[r] * scale;
+      }
+
+      // Softmax per row, max-subtracted; masked keys get probability 0.
+      Real row_sums[kRowBlock] = {};
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t visible = key_end(s, causal, row_begin + r);
+        Real row_max = -std::numeric_limits<Real>::infinity();
+        for (std::int64_t j = 0; j < visible; ++j) row_max = std::max(row_max, probs[j * kRowBlock + r]);
+        for (std::int64_t j = 0; j < visible; ++j) {
+          const Real p = std::exp(probs[j * kRowBlock + r] - row_max);
+          row_sums[r] += p;
+          probs[j * kRowBlock + r] = round_probability(p);
+        }
+        for (std::int64_t j = visible; j < block_keys; ++j) probs[j * kRowBlock + r] = 0;
+        if (visible > 0) (*lse)[(b * s.nheads + h) * s.seqlen_q + row_begin + r] = row_max + std::log(row_sums[r]);
+      }
+
+      std::fill(o_block.begin(), o_block.end(), Real(0));
+      for (std::int64_t j = 0; j < block_keys; ++j) {
+        const float* v_row = v + ((b * s.seqlen_k + j) * s.nheads_kv + kv_head) * dv;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const Real p = probs[j * kRowBlock + r];
+          Real* o_row = &o_block[r * dv];
+          for (std::int64_t c = 0; c < dv; ++c) o_row[c] += p * static_cast<Real>(v_row[c]);
+        }
+      }
+
+      // A row with no visible key keeps O = 0 and LSE = -inf from the initialisation.
+      for (std::int64_t r = 0; r < rows; ++r) {
+        if (key_end(s, causal, row_begin + r) == 0) continue;
+        Real* out = o->data() + ((b * s.seqlen_q + row_begin + r) * s.nheads + h) * dv;
+        for (std::int64_t c = 0; c < dv; ++c) out[c] = o_block[r * dv + c] / row_sums[r];
+      }
+    };
+  };
+  run_tasks(s.batch * s.nheads * row_blocks, make_runner);
+}
+
+float round_to_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+float round_to_fp16(float x) { return __half2float(__float2half_rn(x)); }
+float keep_float(float x) { return x; }
+
+}  // namespace
+
+void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                       double softmax_scale, bool causal, std::vector<double>* o, std::vector<double>* lse) {
+  attend<double>(shape, q, k, v, softmax_scale, causal, [](double p) { return p; }, o, lse);
+}
+
+void attention_forward_low_precision(const AttentionShape& shape, const float* q, const float* k,
+                                     const float* v, double softmax_scale, bool causal, DType dtype,
+                                     std::vector<float>* o, std::vector<float>* lse) {
+  float (*round_to_dtype)(float) = keep_float;
+  if (dtype == DType::kBFloat16) round_to_dtype = round_to_bf16;
+  if (dtype == DType::kFloat16) round_to_dtype = round_to_fp16;
+  attend<float>(shape, q, k, v, static_cast<float>(softmax_scale), causal, round_to_dtype, o, lse);
+  for (float& value : *o) value = round_to_dtype(value);
+}
+
+}  // namespace flashhop::reference

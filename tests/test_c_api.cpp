@@ -1,0 +1,177 @@
+// The C API: status codes, null arguments, C-only fields (causal, softmax_scale 0, lse pointer) and
+// the per-thread last-error message.
+#include "flashhop/flashhop_c.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <thread>
+
+#include "test_utils.h"
+
+namespace flashhop_test {
+namespace {
+
+flashhop_tensor_t to_c(const TensorDesc& desc) {
+  flashhop_tensor_t tensor{};
+  tensor.data = desc.data;
+  tensor.dtype = static_cast<flashhop_dtype_t>(desc.dtype);
+  tensor.rank = desc.rank;
+  for (int d = 0; d < 4; ++d) {
+    tensor.shape[d] = desc.shape[d];
+    tensor.stride[d] = desc.stride[d];
+  }
+  tensor.device = desc.device;
+  return tensor;
+}
+
+// A valid call: q (2, 33, 8, 128), k and v (2, 65, 2, 128), bf16, with lse.
+struct CArgs {
+  flashhop_forward_args_t args{};
+  flashhop_tensor_t lse{};
+
+  CArgs() {
+    const ForwardPlan plan = contiguous_plan({2, 33, 65, 8, 2, 128}, DType::kBFloat16);
+    const flashhop::ForwardArgs cpp = bind_args(plan, fake_bases(plan), /*with_lse=*/true, /*causal=*/false);
+    args.q = to_c(cpp.q);
+    args.k = to_c(cpp.k);
+    args.v = to_c(cpp.v);
+    args.o = to_c(cpp.o);
+    lse = to_c(*cpp.lse);
+    args.lse = &lse;
+  }
+  CArgs(const CArgs&) = delete;
+};
+
+std::string last_error() { return flashhop_last_error(); }
+
+bool mentions(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }
+
+TEST(CApi, DtypeValuesMatchTheCppEnum) {
+  EXPECT_EQ(FLASHHOP_FLOAT16, static_cast<int>(DType::kFloat16));
+  EXPECT_EQ(FLASHHOP_BFLOAT16, static_cast<int>(DType::kBFloat16));
+  EXPECT_EQ(FLASHHOP_FLOAT32, static_cast<int>(DType::kFloat32));
+}
+
+TEST(CApi, WorkspaceSizeOfValidCall) {
+  CArgs c;
+  size_t bytes = 123;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(last_error(), "");
+}
+
+TEST(CApi, NullArguments) {
+  size_t bytes = 0;
+  EXPECT_EQ(flashhop_forward_workspace_size(nullptr, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "args = null")) << last_error();
+  EXPECT_EQ(flashhop_forward(nullptr, nullptr, 0, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "args = null")) << last_error();
+
+  CArgs c;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "bytes")) << last_error();
+}
+
+TEST(CApi, InvalidArgumentCarriesTheMessage) {
+  CArgs c;
+  c.args.k.shape[2] = c.args.v.shape[2] = 3;
+  EXPECT_EQ(flashhop_forward(&c.args, nullptr, 0, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "k.shape[2] (nheads_kv) = 3: nheads (8) must be a multiple of it");
+}
+
+TEST(CApi, UnsupportedHeadDim) {
+  CArgs c;
+  c.args.q.shape[3] = c.args.k.shape[3] = c.args.v.shape[3] = c.args.o.shape[3] = 96;
+  size_t bytes = 0;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_NOT_SUPPORTED);
+  EXPECT_TRUE(mentions(last_error(), "q.shape[3] (head_dim) = 96")) << last_error();
+}
+
+TEST(CApi, DtypeOutsideTheEnum) {
+  CArgs c;
+  c.args.v.dtype = static_cast<flashhop_dtype_t>(9);
+  size_t bytes = 0;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "v.dtype = unknown")) << last_error();
+}
+
+TEST(CApi, CausalMustBeZeroOrOne) {
+  CArgs c;
+  size_t bytes = 0;
+  c.args.causal = 1;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.causal = 2;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "causal = 2: expected 0 or 1");
+}
+
+TEST(CApi, SoftmaxScaleZeroMeansDefaultAndNanIsRejected) {
+  CArgs c;
+  size_t bytes = 0;
+  c.args.softmax_scale = 0.f;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.softmax_scale = NAN;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "softmax_scale")) << last_error();
+}
+
+TEST(CApi, NullLseMeansNotWritten) {
+  CArgs c;
+  c.lse.rank = 1;  // invalid, but ignored once the pointer is null
+  size_t bytes = 0;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "lse.rank = 1")) << last_error();
+  c.args.lse = nullptr;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+}
+
+TEST(CApi, SuccessClearsTheLastError) {
+  CArgs c;
+  size_t bytes = 0;
+  c.args.causal = 5;
+  ASSERT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  ASSERT_NE(last_error(), "");
+  c.args.causal = 0;
+  ASSERT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS);
+  EXPECT_EQ(last_error(), "");
+}
+
+TEST(CApi, LastErrorIsPerThread) {
+  CArgs c;
+  c.args.causal = 7;
+  size_t bytes = 0;
+  ASSERT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  const std::string main_error = last_error();
+
+  std::string other_before, other_after;
+  std::thread other([&] {
+    other_before = last_error();
+    size_t other_bytes = 0;
+    flashhop_forward_workspace_size(nullptr, &other_bytes);
+    other_after = last_error();
+  });
+  other.join();
+
+  EXPECT_EQ(other_before, "");
+  EXPECT_TRUE(mentions(other_after, "args = null")) << other_after;
+  EXPECT_EQ(last_error(), main_error);
+}
+
+// Valid arguments reach the device checks: without a GPU there is no current device; with one, the
+// made-up addresses are not device memory.
+TEST(CApi, ForwardChecksTheDeviceAfterValidation) {
+  CArgs c;
+  const flashhop_status_t status = flashhop_forward(&c.args, nullptr, 0, nullptr);
+  if (gpu_available()) {
+    EXPECT_EQ(status, FLASHHOP_INVALID_ARGUMENT);
+    EXPECT_TRUE(mentions(last_error(), "q.data")) << last_error();
+  } else {
+    EXPECT_EQ(status, FLASHHOP_CUDA_ERROR);
+    EXPECT_TRUE(mentions(last_error(), "cudaGetDevice")) << last_error();
+  }
+}
+
+}  // namespace
+}  // namespace flashhop_test

@@ -1,0 +1,344 @@
+// flashhop::forward on the GPU against the double-precision CPU reference, FlashAttention's way:
+// max |O - O_ref| <= 2 x max |O_low - O_ref| + o_atol(dtype), where O_low is the same attention at the
+// kernel's precision (attention_forward_low_precision). Fresh random inputs every run; outputs are
+// poisoned with NaN first, so every element must be written, and padding around strided outputs
+// must stay untouched. Every test skips without a GPU, and a configuration not compiled into the
+// build (kNotSupported) skips with the library's message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashhop/flashhop.h"
+#include "reference/attention_ref.h"
+#include "test_utils.h"
+
+namespace flashhop_test {
+namespace {
+
+using flashhop::Status;
+using flashhop::StatusCode;
+
+// The absolute part of the O tolerance: one rounding step of the dtype at the size of an attention
+// output (the same terms as flashhop-bench --check).
+double o_atol(DType dtype) { return dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11; }
+// LSE is computed in float32 from float32 scores; this bounds its rounding at our magnitudes.
+constexpr double kLseAbsoluteTolerance = 1e-3;
+
+struct MaxError {
+  double value = 0;
+  std::size_t index = 0;
+};
+
+// Largest |got - expected| over entries where expected is finite.
+template <typename Got>
+MaxError max_abs_error(const std::vector<Got>& got, const std::vector<double>& expected) {
+  MaxError error;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    if (!std::isfinite(expected[i])) continue;
+    const double difference = std::abs(double{got[i]} - expected[i]);
+    if (difference > error.value) error = {difference, i};
+  }
+  return error;
+}
+
+std::int64_t count_nan(const std::vector<float>& values) {
+  return std::count_if(values.begin(), values.end(), [](float x) { return std::isnan(x); });
+}
+
+class CudaStream {
+ public:
+  CudaStream() { cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~CudaStream() {
+    if (cudaStreamDestroy(stream_) != cudaSuccess) ADD_FAILURE() << "cudaStreamDestroy failed";
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+struct Call {
+  Call(const Problem& problem, DType dtype, bool causal, ForwardPlan plan)
+      : problem(problem), dtype(dtype), causal(causal), plan(std::move(plan)) {}
+
+  Problem problem;
+  DType dtype;
+  bool causal;
+  ForwardPlan plan;
+  bool with_lse = true;
+  std::optional<float> softmax_scale;
+};
+
+// Runs flashhop::forward on fresh random inputs laid out as `call.plan` says, and checks O (and LSE)
+// against the reference. Skips the test when the build lacks the configuration.
+void run_and_check(const Call& call) {
+  const Problem& p = call.problem;
+  const ForwardPlan& plan = call.plan;
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "random seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<float> q = random_normal(p.q_elements(), call.dtype, rng);
+  const std::vector<float> k = random_normal(p.kv_elements(), call.dtype, rng);
+  const std::vector<float> v = random_normal(p.kv_elements(), call.dtype, rng);
+
+  std::vector<std::vector<unsigned char>> host;
+  for (std::size_t i = 0; i < plan.buffer_dtypes.size(); ++i) {
+    host.push_back(poisoned_storage(plan.buffer_dtypes[i], plan.buffer_elements[i]));
+  }
+  scatter(q, plan.q, &host[plan.q.buffer]);
+  scatter(k, plan.k, &host[plan.k.buffer]);
+  scatter(v, plan.v, &host[plan.v.buffer]);
+  std::vector<DeviceBuffer> device;
+  std::vector<void*> bases;
+  for (const std::vector<unsigned char>& image : host) {
+    device.emplace_back(image.size());
+    device.back().upload(image);
+    bases.push_back(device.back().data());
+  }
+
+  flashhop::ForwardArgs args = bind_args(plan, bases, call.with_lse, call.causal);
+  args.softmax_scale = call.softmax_scale;
+  const CudaStream stream;
+  const Status status = flashhop::forward(args, nullptr, 0, stream.get());
+  if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
+  ASSERT_TRUE(status.ok()) << status.message;
+  cuda_check(cudaStreamSynchronize(stream.get()), "forward on the stream");
+
+  for (std::size_t i = 0; i < device.size(); ++i) {
+    if (i != static_cast<std::size_t>(plan.o.buffer) && i != static_cast<std::size_t>(plan.lse.buffer)) {
+      EXPECT_TRUE(device[i].download() == host[i]) << "input buffer " << i << " was modified";
+    }
+  }
+  const std::vector<unsigned char> o_storage = device[plan.o.buffer].download();
+  const std::vector<float> o = gather(o_storage, plan.o);
+  ASSERT_EQ(count_nan(o), 0) << "elements of O not written (of " << o.size() << ")";
+  EXPECT_EQ(count_non_nan(o_storage, call.dtype), static_cast<std::int64_t>(o.size()))
+      << "written outside the view of O";
+  const std::vector<unsigned char> lse_storage = device[plan.lse.buffer].download();
+  const std::vector<float> lse = gather(lse_storage, plan.lse);
+  if (call.with_lse) {
+    ASSERT_EQ(count_nan(lse), 0) << "elements of LSE not written (of " << lse.size() << ")";
+    EXPECT_EQ(count_non_nan(lse_storage, DType::kFloat32), static_cast<std::int64_t>(lse.size()))
+        << "written outside the view of LSE";
+  } else {
+    EXPECT_EQ(count_non_nan(lse_storage, DType::kFloat32), 0) << "LSE written although not requested";
+  }
+
+  // The scale the kernel uses: the given one, else 1/sqrt(d) rounded to float (as make_forward_params).
+  const double scale = call.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(double(p.head_dim))));
+  std::vector<double> o_ref, lse_ref;
+  flashhop::reference::attention_forward(p.shape(), q.data(), k.data(), v.data(), scale, call.causal, &o_ref,
+                                         &lse_ref);
+  std::vector<float> o_low, lse_low;
+  flashhop::reference::attention_forward_low_precision(p.shape(), q.data(), k.data(), v.data(), scale, call.causal,
+                                                       call.dtype, &o_low, &lse_low);
+
+  const MaxError o_error = max_abs_error(o, o_ref), o_baseline = max_abs_error(o_low, o_ref);
+  EXPECT_LE(o_error.value, 2 * o_baseline.value + o_atol(call.dtype))
+      << "max |O - O_ref| at element " << o_error.index << ": got " << o[o_error.index] << ", reference "
+      << o_ref[o_error.index] << "; low-precision baseline error " << o_baseline.value;
+
+  // Rows with no visible key: O exactly 0 and LSE exactly -inf.
+  std::int64_t bad_masked_rows = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.nheads; ++h) {
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const std::size_t row = (std::size_t(b) * p.nheads + h) * p.seqlen_q + i;
+        if (!std::isinf(lse_ref[row])) continue;
+        const auto first = o.begin() + ((std::int64_t{b} * p.seqlen_q + i) * p.nheads + h) * p.head_dim;
+        const bool zero = std::all_of(first, first + p.head_dim, [](float x) { return x == 0.f; });
+        const bool minus_inf = !call.with_lse || (std::isinf(lse[row]) && lse[row] < 0);
+        bad_masked_rows += !(zero && minus_inf);
+      }
+    }
+  }
+  EXPECT_EQ(bad_masked_rows, 0) << "fully masked rows without O = 0 and LSE = -inf";
+
+  if (call.with_lse) {
+    std::int64_t infinite_mismatches = 0;
+    for (std::size_t i = 0; i < lse.size(); ++i) infinite_mismatches += std::isinf(lse_ref[i]) != std::isinf(lse[i]);
+    EXPECT_EQ(infinite_mismatches, 0) << "LSE is -inf exactly where no key is visible";
+    const MaxError lse_error = max_abs_error(lse, lse_ref), lse_baseline = max_abs_error(lse_low, lse_ref);
+    EXPECT_LE(lse_error.value, 2 * lse_baseline.value + kLseAbsoluteTolerance)
+        << "max |LSE - LSE_ref| at row " << lse_error.index << ": got " << lse[lse_error.index] << ", reference "
+        << lse_ref[lse_error.index];
+  }
+}
+
+class RequiresGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gpu_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+template <typename Param>
+class GpuTestWithParam : public RequiresGpu, public ::testing::WithParamInterface<Param> {};
+
+const char* short_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
+
+// The harness itself, on the host: values survive scatter and gather through the strided plan, and
+// the padding stays poisoned.
+TEST(ForwardHarness, StridedPlanRoundTripsAndLeavesPaddingPoisoned) {
+  const Problem problem{2, 9, 9, 4, 2, 64};
+  const ForwardPlan plan = strided_plan(problem, DType::kBFloat16);
+  std::mt19937 rng(8);
+  const std::vector<float> q = random_normal(problem.q_elements(), DType::kBFloat16, rng);
+  const std::vector<float> k = random_normal(problem.kv_elements(), DType::kBFloat16, rng);
+  const std::vector<float> v = random_normal(problem.kv_elements(), DType::kBFloat16, rng);
+  std::vector<unsigned char> qkv = poisoned_storage(DType::kBFloat16, plan.buffer_elements[plan.q.buffer]);
+  scatter(q, plan.q, &qkv);
+  scatter(k, plan.k, &qkv);
+  scatter(v, plan.v, &qkv);
+  EXPECT_EQ(gather(qkv, plan.q), q);
+  EXPECT_EQ(gather(qkv, plan.k), k);
+  EXPECT_EQ(gather(qkv, plan.v), v);
+  EXPECT_EQ(count_non_nan(qkv, DType::kBFloat16), plan.buffer_elements[plan.q.buffer])
+      << "q, k, v fill the packed rows";
+
+  std::vector<unsigned char> o = poisoned_storage(DType::kBFloat16, plan.buffer_elements[plan.o.buffer]);
+  scatter(q, plan.o, &o);
+  EXPECT_EQ(gather(o, plan.o), q);
+  EXPECT_EQ(count_non_nan(o, DType::kBFloat16), problem.q_elements());
+  EXPECT_GT(plan.buffer_elements[plan.o.buffer], problem.q_elements()) << "o has padding";
+}
+
+// ---- the grid: dtype x head dim x causal x shape -------------------------------------------------
+
+struct GridCase {
+  DType dtype;
+  bool causal;
+  Problem problem;
+};
+
+std::vector<GridCase> grid() {
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head_dim is set per case. Heads are few so that
+  // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
+  const Problem shapes[] = {
+      {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
+      {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
+      {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
+  };
+  std::vector<GridCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (int head_dim : {64, 128, 256}) {
+      for (bool causal : {false, true}) {
+        for (Problem problem : shapes) {
+          problem.head_dim = head_dim;
+          cases.push_back({dtype, causal, problem});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string name(const GridCase& c) {
+  const Problem& p = c.problem;
+  return std::string(short_name(c.dtype)) + "_d" + std::to_string(p.head_dim) + (c.causal ? "_causal" : "_full") +
+         "_b" + std::to_string(p.batch) + "_sq" + std::to_string(p.seqlen_q) + "_sk" + std::to_string(p.seqlen_k) +
+         "_h" + std::to_string(p.nheads) + "_kv" + std::to_string(p.nheads_kv);
+}
+void PrintTo(const GridCase& c, std::ostream* out) { *out << name(c); }
+
+using ForwardGpu = GpuTestWithParam<GridCase>;
+
+TEST_P(ForwardGpu, MatchesReference) {
+  const GridCase& c = GetParam();
+  run_and_check(Call(c.problem, c.dtype, c.causal, contiguous_plan(c.problem, c.dtype)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
+
+// ---- layouts: strided operands, LSE absent -----------------------------------------------------
+
+struct LayoutCase {
+  DType dtype;
+  int head_dim;
+  bool causal;
+};
+
+std::vector<LayoutCase> layout_cases() {
+  std::vector<LayoutCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (int head_dim : {64, 128, 256}) {
+      for (bool causal : {false, true}) cases.push_back({dtype, head_dim, causal});
+    }
+  }
+  return cases;
+}
+
+std::string name(const LayoutCase& c) {
+  return std::string(short_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + (c.causal ? "_causal" : "_full");
+}
+void PrintTo(const LayoutCase& c, std::ostream* out) { *out << name(c); }
+
+using ForwardGpuLayout = GpuTestWithParam<LayoutCase>;
+
+TEST_P(ForwardGpuLayout, PackedQkvPaddedOutputsGivenScale) {
+  const LayoutCase& c = GetParam();
+  const Problem problem{2, 257, 257, 4, 2, c.head_dim};
+  Call call{problem, c.dtype, c.causal, strided_plan(problem, c.dtype)};
+  call.softmax_scale = 0.6f / std::sqrt(float(c.head_dim));
+  run_and_check(call);
+}
+
+TEST_P(ForwardGpuLayout, WithoutLse) {
+  const LayoutCase& c = GetParam();
+  const Problem problem{2, 190, 300, 4, 1, c.head_dim};
+  Call call{problem, c.dtype, c.causal, contiguous_plan(problem, c.dtype)};
+  call.with_lse = false;
+  run_and_check(call);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ForwardGpuLayout, ::testing::ValuesIn(layout_cases()),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
+
+// ---- device checks of forward() ------------------------------------------------------------------
+
+using ForwardGpuDeviceChecks = RequiresGpu;
+
+TEST_F(ForwardGpuDeviceChecks, HostMemoryIsRejected) {
+  const Problem problem{1, 16, 16, 2, 1, 128};
+  const ForwardPlan plan = contiguous_plan(problem, DType::kBFloat16);
+  std::vector<DeviceBuffer> device;
+  std::vector<void*> bases;
+  for (std::int64_t elements : plan.buffer_elements) {
+    device.emplace_back(static_cast<std::size_t>(elements) * 4);
+    bases.push_back(device.back().data());
+  }
+  std::vector<unsigned char> host_k(static_cast<std::size_t>(problem.kv_elements()) * 2);
+  bases[plan.k.buffer] = host_k.data();
+
+  const Status status = flashhop::forward(bind_args(plan, bases, true, false), nullptr, 0, nullptr);
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("k.data"), std::string::npos) << status.message;
+  EXPECT_NE(status.message.find("host memory"), std::string::npos) << status.message;
+}
+
+TEST_F(ForwardGpuDeviceChecks, OperandsMustBeOnTheCurrentDevice) {
+  int current = 0;
+  cuda_check(cudaGetDevice(&current), "cudaGetDevice");
+  const ForwardPlan plan = contiguous_plan({1, 16, 16, 2, 1, 128}, DType::kBFloat16);
+  flashhop::ForwardArgs args = bind_args(plan, fake_bases(plan), true, false);
+  args.q.device = args.k.device = args.v.device = args.o.device = args.lse->device = current + 1;
+
+  const Status status = flashhop::forward(args, nullptr, 0, nullptr);
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("q.device = " + std::to_string(current + 1)), std::string::npos) << status.message;
+}
+
+}  // namespace
+}  // namespace flashhop_test

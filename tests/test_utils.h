@@ -1,0 +1,276 @@
+// Helpers shared by the tests: where the operands of a forward call live (contiguous or packed and
+// padded), host images of device allocations in fp16 / bf16 / fp32, random inputs, device buffers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashhop/flashhop.h"
+#include "reference/attention_ref.h"
+
+namespace flashhop_test {
+
+using flashhop::DType;
+using flashhop::TensorDesc;
+
+struct Problem {
+  int batch = 1, seqlen_q = 0, seqlen_k = 0, nheads = 1, nheads_kv = 1, head_dim = 128;
+
+  flashhop::reference::AttentionShape shape() const {
+    return {batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim};
+  }
+  std::int64_t q_elements() const { return std::int64_t{batch} * seqlen_q * nheads * head_dim; }
+  std::int64_t kv_elements() const { return std::int64_t{batch} * seqlen_k * nheads_kv * head_dim; }
+  std::int64_t lse_elements() const { return std::int64_t{batch} * nheads * seqlen_q; }
+};
+
+// One operand of a forward call: which allocation of the plan holds it, at which element offset,
+// and its view (shape and strides; data is filled in by bind_args()).
+struct Placement {
+  int buffer = 0;
+  std::int64_t offset = 0;
+  TensorDesc view;
+};
+
+// The allocations of a forward call and where q, k, v, o and lse sit in them.
+struct ForwardPlan {
+  std::vector<DType> buffer_dtypes;
+  std::vector<std::int64_t> buffer_elements;
+  Placement q, k, v, o, lse;
+};
+
+inline TensorDesc strided_view(DType dtype, std::initializer_list<std::int64_t> shape,
+                               std::initializer_list<std::int64_t> stride) {
+  TensorDesc desc = flashhop::make_contiguous(nullptr, dtype, shape);
+  int d = 0;
+  for (std::int64_t s : stride) desc.stride[d++] = s;
+  return desc;
+}
+
+// Every operand in its own contiguous allocation: buffers q, k, v, o, lse.
+inline ForwardPlan contiguous_plan(const Problem& p, DType dtype) {
+  ForwardPlan plan;
+  plan.buffer_dtypes = {dtype, dtype, dtype, dtype, DType::kFloat32};
+  plan.buffer_elements = {p.q_elements(), p.kv_elements(), p.kv_elements(), p.q_elements(), p.lse_elements()};
+  plan.q = {0, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim})};
+  plan.k = {1, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim})};
+  plan.v = {2, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim})};
+  plan.o = {3, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim})};
+  plan.lse = {4, 0, flashhop::make_contiguous(nullptr, DType::kFloat32, {p.batch, p.nheads, p.seqlen_q})};
+  return plan;
+}
+
+// Elements of padding after each head of o (16 bytes) and after each row of lse.
+inline constexpr std::int64_t kOHeadPadding = 8;
+inline constexpr std::int64_t kLseRowPadding = 3;
+
+// q, k and v as slices of one packed (batch, seqlen, nheads + 2 * nheads_kv, head_dim) tensor, as a
+// fused QKV projection leaves them (needs seqlen_q == seqlen_k); o with kOHeadPadding elements after
+// each head, lse with kLseRowPadding after each row. Buffers: qkv, o, lse.
+inline ForwardPlan strided_plan(const Problem& p, DType dtype) {
+  if (p.seqlen_q != p.seqlen_k) throw std::invalid_argument("strided_plan: a packed QKV needs seqlen_q == seqlen_k");
+  const std::int64_t d = p.head_dim, seqlen = p.seqlen_q;
+  const std::int64_t qkv_row = (p.nheads + 2 * p.nheads_kv) * d;
+  const std::int64_t o_head = d + kOHeadPadding, o_row = p.nheads * o_head;
+  const std::int64_t lse_row = seqlen + kLseRowPadding;
+
+  ForwardPlan plan;
+  plan.buffer_dtypes = {dtype, dtype, DType::kFloat32};
+  plan.buffer_elements = {p.batch * seqlen * qkv_row, p.batch * seqlen * o_row, p.batch * p.nheads * lse_row};
+  const auto qkv_view = [&](int heads) {
+    return strided_view(dtype, {p.batch, seqlen, heads, d}, {seqlen * qkv_row, qkv_row, d, 1});
+  };
+  plan.q = {0, 0, qkv_view(p.nheads)};
+  plan.k = {0, p.nheads * d, qkv_view(p.nheads_kv)};
+  plan.v = {0, (p.nheads + p.nheads_kv) * d, qkv_view(p.nheads_kv)};
+  plan.o = {1, 0, strided_view(dtype, {p.batch, seqlen, p.nheads, d}, {seqlen * o_row, o_row, o_head, 1})};
+  plan.lse = {2, 0,
+              strided_view(DType::kFloat32, {p.batch, p.nheads, seqlen}, {p.nheads * lse_row, lse_row, 1})};
+  return plan;
+}
+
+// The call's arguments with each operand's data at bases[buffer] + offset (null stays null: an
+// empty allocation).
+inline flashhop::ForwardArgs bind_args(const ForwardPlan& plan, const std::vector<void*>& bases, bool with_lse,
+                                  bool causal) {
+  const auto placed = [&](const Placement& placement) {
+    TensorDesc desc = placement.view;
+    char* base = static_cast<char*>(bases.at(placement.buffer));
+    desc.data = base ? base + placement.offset * static_cast<std::int64_t>(flashhop::dtype_size(desc.dtype)) : nullptr;
+    return desc;
+  };
+  flashhop::ForwardArgs args;
+  args.q = placed(plan.q);
+  args.k = placed(plan.k);
+  args.v = placed(plan.v);
+  args.o = placed(plan.o);
+  if (with_lse) args.lse = placed(plan.lse);
+  args.causal = causal;
+  return args;
+}
+
+// One 16-byte aligned address per buffer of `plan`, 4 GiB apart, for tests that only validate: the
+// addresses are never dereferenced.
+inline std::vector<void*> fake_bases(const ForwardPlan& plan) {
+  std::vector<void*> bases;
+  for (std::size_t i = 0; i < plan.buffer_dtypes.size(); ++i) {
+    bases.push_back(reinterpret_cast<void*>(std::uintptr_t{0x7f0000000000} + (std::uintptr_t{i} << 32)));
+  }
+  return bases;
+}
+
+// ---- host images of device memory --------------------------------------------------------------
+
+inline void store_element(DType dtype, float value, unsigned char* at) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(at, &value, sizeof value);
+  } else if (dtype == DType::kBFloat16) {
+    const __nv_bfloat16 converted = __float2bfloat16_rn(value);
+    std::memcpy(at, &converted, sizeof converted);
+  } else {
+    const __half converted = __float2half_rn(value);
+    std::memcpy(at, &converted, sizeof converted);
+  }
+}
+
+inline float load_element(DType dtype, const unsigned char* at) {
+  if (dtype == DType::kFloat32) {
+    float value;
+    std::memcpy(&value, at, sizeof value);
+    return value;
+  }
+  if (dtype == DType::kBFloat16) {
+    __nv_bfloat16 value;
+    std::memcpy(&value, at, sizeof value);
+    return __bfloat162float(value);
+  }
+  __half value;
+  std::memcpy(&value, at, sizeof value);
+  return __half2float(value);
+}
+
+inline float round_to(DType dtype, float value) {
+  unsigned char bytes[sizeof(float)];
+  store_element(dtype, value, bytes);
+  return load_element(dtype, bytes);
+}
+
+// Host image of an allocation with every element NaN, so that unwritten outputs show.
+inline std::vector<unsigned char> poisoned_storage(DType dtype, std::int64_t elements) {
+  const std::size_t size = flashhop::dtype_size(dtype);
+  std::vector<unsigned char> storage(static_cast<std::size_t>(elements) * size);
+  for (std::size_t at = 0; at < storage.size(); at += size) {
+    store_element(dtype, std::numeric_limits<float>::quiet_NaN(), &storage[at]);
+  }
+  return storage;
+}
+
+inline std::int64_t count_non_nan(const std::vector<unsigned char>& storage, DType dtype) {
+  const std::size_t size = flashhop::dtype_size(dtype);
+  std::int64_t count = 0;
+  for (std::size_t at = 0; at < storage.size(); at += size) count += !std::isnan(load_element(dtype, &storage[at]));
+  return count;
+}
+
+// Calls visit(logical_index, storage_index) for every element of `view` placed at `offset`, the
+// logical index running in row-major order.
+template <typename Visit>
+void for_each_element(const TensorDesc& view, std::int64_t offset, Visit visit) {
+  std::int64_t shape[flashhop::kMaxRank], stride[flashhop::kMaxRank];
+  for (int d = 0; d < flashhop::kMaxRank; ++d) {
+    const bool used = d < view.rank;
+    shape[d] = used ? view.shape[d] : 1;
+    stride[d] = used ? view.stride[d] : 0;
+  }
+  std::int64_t logical = 0;
+  for (std::int64_t i0 = 0; i0 < shape[0]; ++i0)
+    for (std::int64_t i1 = 0; i1 < shape[1]; ++i1)
+      for (std::int64_t i2 = 0; i2 < shape[2]; ++i2)
+        for (std::int64_t i3 = 0; i3 < shape[3]; ++i3)
+          visit(logical++, offset + i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3]);
+}
+
+// Writes row-major `values` into the view `placement` of `storage` (converted to the view's dtype).
+inline void scatter(const std::vector<float>& values, const Placement& placement, std::vector<unsigned char>* storage) {
+  const std::size_t size = flashhop::dtype_size(placement.view.dtype);
+  for_each_element(placement.view, placement.offset, [&](std::int64_t logical, std::int64_t index) {
+    store_element(placement.view.dtype, values.at(logical), &storage->at(index * size));
+  });
+}
+
+// Reads the view `placement` of `storage` into row-major floats.
+inline std::vector<float> gather(const std::vector<unsigned char>& storage, const Placement& placement) {
+  const std::size_t size = flashhop::dtype_size(placement.view.dtype);
+  std::vector<float> values;
+  for_each_element(placement.view, placement.offset, [&](std::int64_t, std::int64_t index) {
+    values.push_back(load_element(placement.view.dtype, &storage.at(index * size)));
+  });
+  return values;
+}
+
+// Standard normal values, already rounded to `dtype` so that host and device see the same inputs.
+inline std::vector<float> random_normal(std::int64_t count, DType dtype, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (float& value : values) value = round_to(dtype, normal(rng));
+  return values;
+}
+
+// ---- device -------------------------------------------------------------------------------------
+
+inline void cuda_check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+inline bool gpu_available() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();  // "no device" must not linger as the last error
+  return ok;
+}
+
+// cudaMalloc'ed memory owned by the object; an empty buffer holds a null pointer.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) cuda_check(cudaMalloc(&data_, bytes), "cudaMalloc");
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_ != nullptr && cudaFree(data_) != cudaSuccess) ADD_FAILURE() << "cudaFree failed";
+  }
+
+  void* data() const { return data_; }
+
+  void upload(const std::vector<unsigned char>& host) {
+    if (host.size() != bytes_) throw std::invalid_argument("DeviceBuffer::upload: size mismatch");
+    if (bytes_ > 0) cuda_check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  std::vector<unsigned char> download() const {
+    std::vector<unsigned char> host(bytes_);
+    if (bytes_ > 0) cuda_check(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return host;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace flashhop_test

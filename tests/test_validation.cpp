@@ -1,0 +1,356 @@
+// Argument validation: every rule rejects with the right code and a message that names the
+// argument; valid calls (including empty sequences and strided layouts) pass. No device is touched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "api/forward_params.h"
+#include "flashhop/flashhop.h"
+#include "test_utils.h"
+
+namespace flashhop_test {
+namespace {
+
+using flashhop::ForwardArgs;
+using flashhop::Status;
+using flashhop::StatusCode;
+
+// q (2, 33, 8, 128), k and v (2, 65, 2, 128), o like q, lse (2, 8, 33); bf16.
+const Problem kProblem{2, 33, 65, 8, 2, 128};
+
+ForwardArgs valid_args(DType dtype = DType::kBFloat16, const Problem& problem = kProblem) {
+  const ForwardPlan plan = contiguous_plan(problem, dtype);
+  return bind_args(plan, fake_bases(plan), /*with_lse=*/true, /*causal=*/false);
+}
+
+char* shifted(void* data, std::int64_t bytes) { return static_cast<char*>(data) + bytes; }
+
+struct InvalidCase {
+  const char* name;
+  std::function<void(ForwardArgs&)> change;
+  StatusCode code;
+  std::vector<std::string> message_parts;  // each must appear in the message
+};
+
+void PrintTo(const InvalidCase& c, std::ostream* out) { *out << c.name; }
+
+class InvalidArguments : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidArguments, RejectedWithCodeAndNamedArgument) {
+  const InvalidCase& c = GetParam();
+  ForwardArgs args = valid_args();
+  c.change(args);
+
+  const Status status = flashhop::validate_forward(args);
+  EXPECT_EQ(status.code, c.code) << status.message;
+  for (const std::string& part : c.message_parts) {
+    EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
+  }
+
+  // The other entry points validate first and report the same error, before touching the device.
+  std::size_t bytes = 0;
+  const Status size_status = flashhop::forward_workspace_size(args, &bytes);
+  EXPECT_EQ(size_status.code, status.code);
+  EXPECT_EQ(size_status.message, status.message);
+  const Status forward_status = flashhop::forward(args, nullptr, 0, nullptr);
+  EXPECT_EQ(forward_status.code, status.code);
+  EXPECT_EQ(forward_status.message, status.message);
+}
+
+constexpr std::int64_t kBeyondInt32 = std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
+constexpr StatusCode kInvalid = StatusCode::kInvalidArgument;
+constexpr StatusCode kNotSupported = StatusCode::kNotSupported;
+
+const InvalidCase kInvalidCases[] = {
+    // dtypes
+    {"q_float32", [](ForwardArgs& a) { a.q.dtype = DType::kFloat32; }, kInvalid,
+     {"q.dtype = float32", "float16 or bfloat16"}},
+    {"k_dtype_differs", [](ForwardArgs& a) { a.k.dtype = DType::kFloat16; }, kInvalid,
+     {"k.dtype = float16", "expected bfloat16"}},
+    {"v_dtype_differs", [](ForwardArgs& a) { a.v.dtype = DType::kFloat16; }, kInvalid, {"v.dtype = float16"}},
+    {"o_dtype_differs", [](ForwardArgs& a) { a.o.dtype = DType::kFloat32; }, kInvalid, {"o.dtype = float32"}},
+    {"lse_not_float32", [](ForwardArgs& a) { a.lse->dtype = DType::kBFloat16; }, kInvalid,
+     {"lse.dtype = bfloat16", "expected float32"}},
+    {"dtype_not_an_enum_value", [](ForwardArgs& a) { a.q.dtype = static_cast<DType>(7); }, kInvalid,
+     {"q.dtype = unknown"}},
+    // ranks
+    {"q_rank_3", [](ForwardArgs& a) { a.q.rank = 3; }, kInvalid,
+     {"q.rank = 3", "expected 4 (batch, seqlen_q, nheads, head_dim)"}},
+    {"v_rank_5", [](ForwardArgs& a) { a.v.rank = 5; }, kInvalid, {"v.rank = 5", "expected 4"}},
+    {"o_rank_2", [](ForwardArgs& a) { a.o.rank = 2; }, kInvalid, {"o.rank = 2"}},
+    {"lse_rank_4", [](ForwardArgs& a) { a.lse->rank = 4; }, kInvalid,
+     {"lse.rank = 4", "expected 3 (batch, nheads, seqlen_q)"}},
+    // sizes
+    {"batch_0",
+     [](ForwardArgs& a) { a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.o.shape[0] = a.lse->shape[0] = 0; },
+     kInvalid, {"q.shape[0] (batch) = 0", "expected >= 1"}},
+    {"seqlen_q_negative", [](ForwardArgs& a) { a.q.shape[1] = -1; }, kInvalid,
+     {"q.shape[1] (seqlen_q) = -1", "expected >= 0"}},
+    {"seqlen_k_negative", [](ForwardArgs& a) { a.k.shape[1] = a.v.shape[1] = -1; }, kInvalid,
+     {"k.shape[1] (seqlen_k) = -1"}},
+    {"nheads_0", [](ForwardArgs& a) { a.q.shape[2] = a.o.shape[2] = a.lse->shape[1] = 0; }, kInvalid,
+     {"q.shape[2] (nheads) = 0", "expected >= 1"}},
+    {"nheads_kv_0", [](ForwardArgs& a) { a.k.shape[2] = a.v.shape[2] = 0; }, kInvalid,
+     {"k.shape[2] (nheads_kv) = 0", "expected >= 1"}},
+    {"head_dim_0", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 0; },
+     kInvalid, {"q.shape[3] (head_dim) = 0", "expected >= 1"}},
+    {"seqlen_q_beyond_int32",
+     [](ForwardArgs& a) { a.q.shape[1] = a.o.shape[1] = a.lse->shape[2] = kBeyondInt32; }, kInvalid,
+     {"q.shape[1] (seqlen_q) = 2147483648", "expected <= 2147483647"}},
+    {"seqlen_k_beyond_int32", [](ForwardArgs& a) { a.k.shape[1] = a.v.shape[1] = kBeyondInt32; }, kInvalid,
+     {"k.shape[1] (seqlen_k) = 2147483648"}},
+    {"batch_beyond_int32",
+     [](ForwardArgs& a) {
+       a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.o.shape[0] = a.lse->shape[0] = kBeyondInt32;
+     },
+     kInvalid, {"q.shape[0] (batch) = 2147483648"}},
+    // consistency between operands
+    {"k_batch_differs", [](ForwardArgs& a) { a.k.shape[0] = 3; }, kInvalid,
+     {"k.shape[0] (batch) = 3", "expected 2 (q.shape[0] (batch))"}},
+    {"k_head_dim_differs", [](ForwardArgs& a) { a.k.shape[3] = 64; }, kInvalid,
+     {"k.shape[3] (head_dim) = 64", "expected 128"}},
+    {"v_batch_differs", [](ForwardArgs& a) { a.v.shape[0] = 1; }, kInvalid, {"v.shape[0] (batch) = 1"}},
+    {"v_seqlen_differs", [](ForwardArgs& a) { a.v.shape[1] = 64; }, kInvalid,
+     {"v.shape[1] (seqlen_k) = 64", "expected 65 (k.shape[1] (seqlen_k))"}},
+    {"v_heads_differ", [](ForwardArgs& a) { a.v.shape[2] = 4; }, kInvalid, {"v.shape[2] (nheads_kv) = 4"}},
+    {"o_batch_differs", [](ForwardArgs& a) { a.o.shape[0] = 1; }, kInvalid, {"o.shape[0] (batch) = 1"}},
+    {"o_seqlen_differs", [](ForwardArgs& a) { a.o.shape[1] = 32; }, kInvalid,
+     {"o.shape[1] (seqlen_q) = 32", "expected 33"}},
+    {"o_heads_differ", [](ForwardArgs& a) { a.o.shape[2] = 2; }, kInvalid, {"o.shape[2] (nheads) = 2"}},
+    {"o_head_dim_v_differs", [](ForwardArgs& a) { a.o.shape[3] = 64; }, kInvalid,
+     {"o.shape[3] (head_dim_v) = 64", "expected 128 (v.shape[3] (head_dim_v))"}},
+    {"lse_batch_differs", [](ForwardArgs& a) { a.lse->shape[0] = 1; }, kInvalid, {"lse.shape[0] (batch) = 1"}},
+    {"lse_heads_differ", [](ForwardArgs& a) { a.lse->shape[1] = 2; }, kInvalid,
+     {"lse.shape[1] (nheads) = 2", "expected 8 (q.shape[2] (nheads))"}},
+    {"lse_seqlen_differs", [](ForwardArgs& a) { a.lse->shape[2] = 65; }, kInvalid,
+     {"lse.shape[2] (seqlen_q) = 65", "expected 33"}},
+    {"nheads_not_multiple_of_nheads_kv", [](ForwardArgs& a) { a.k.shape[2] = a.v.shape[2] = 3; }, kInvalid,
+     {"k.shape[2] (nheads_kv) = 3: nheads (8) must be a multiple of it"}},
+    // strides
+    {"q_last_dim_not_contiguous", [](ForwardArgs& a) { a.q.stride[3] = 2; }, kInvalid,
+     {"q.stride[3] = 2", "expected 1"}},
+    {"k_rows_not_16_byte_aligned", [](ForwardArgs& a) { a.k.stride[1] += 4; }, kInvalid,
+     {"k.stride[1] = 260", "multiple of 8 elements"}},
+    {"v_head_stride_0", [](ForwardArgs& a) { a.v.stride[2] = 0; }, kInvalid, {"v.stride[2] = 0"}},
+    {"o_batch_stride_negative", [](ForwardArgs& a) { a.o.stride[0] = -a.o.stride[0]; }, kInvalid,
+     {"o.stride[0] = -"}},
+    {"lse_last_dim_not_contiguous", [](ForwardArgs& a) { a.lse->stride[2] = 2; }, kInvalid,
+     {"lse.stride[2] = 2", "expected 1"}},
+    {"lse_head_stride_0", [](ForwardArgs& a) { a.lse->stride[1] = 0; }, kInvalid, {"lse.stride[1] = 0"}},
+    // pointers
+    {"q_null", [](ForwardArgs& a) { a.q.data = nullptr; }, kInvalid, {"q.data = null"}},
+    {"v_null", [](ForwardArgs& a) { a.v.data = nullptr; }, kInvalid, {"v.data = null"}},
+    {"lse_null", [](ForwardArgs& a) { a.lse->data = nullptr; }, kInvalid, {"lse.data = null"}},
+    {"k_not_16_byte_aligned", [](ForwardArgs& a) { a.k.data = shifted(a.k.data, 8); }, kInvalid,
+     {"k.data = 0x", "16-byte aligned"}},
+    {"o_not_16_byte_aligned", [](ForwardArgs& a) { a.o.data = shifted(a.o.data, 2); }, kInvalid, {"o.data"}},
+    {"lse_not_4_byte_aligned", [](ForwardArgs& a) { a.lse->data = shifted(a.lse->data, 2); }, kInvalid,
+     {"lse.data", "4-byte aligned"}},
+    // devices
+    {"q_device_negative",
+     [](ForwardArgs& a) { a.q.device = a.k.device = a.v.device = a.o.device = a.lse->device = -1; }, kInvalid,
+     {"q.device = -1"}},
+    {"k_on_other_device", [](ForwardArgs& a) { a.k.device = 1; }, kInvalid, {"k.device = 1", "expected 0"}},
+    {"lse_on_other_device", [](ForwardArgs& a) { a.lse->device = 2; }, kInvalid, {"lse.device = 2"}},
+    // scale
+    {"softmax_scale_nan", [](ForwardArgs& a) { a.softmax_scale = std::nanf(""); }, kInvalid,
+     {"softmax_scale = nan", "finite"}},
+    {"softmax_scale_inf", [](ForwardArgs& a) { a.softmax_scale = INFINITY; }, kInvalid, {"softmax_scale = inf"}},
+    // valid but not supported
+    {"head_dim_96", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 96; },
+     kNotSupported, {"q.shape[3] (head_dim) = 96", "64, 128 and 256"}},
+    {"head_dim_v_differs_from_head_dim", [](ForwardArgs& a) { a.v.shape[3] = a.o.shape[3] = 64; }, kNotSupported,
+     {"v.shape[3] (head_dim_v) = 64", "head_dim_v == head_dim (128)"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validation, InvalidArguments, ::testing::ValuesIn(kInvalidCases),
+                         [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+struct ValidCase {
+  const char* name;
+  std::function<ForwardArgs()> make;
+};
+
+void PrintTo(const ValidCase& c, std::ostream* out) { *out << c.name; }
+
+class ValidArguments : public ::testing::TestWithParam<ValidCase> {};
+
+TEST_P(ValidArguments, Accepted) {
+  const ForwardArgs args = GetParam().make();
+  const Status status = flashhop::validate_forward(args);
+  EXPECT_TRUE(status.ok()) << status.message;
+  std::size_t bytes = 1;
+  EXPECT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
+  EXPECT_EQ(bytes, 0u);
+}
+
+ForwardArgs with_problem(const Problem& problem) { return valid_args(DType::kBFloat16, problem); }
+
+const ValidCase kValidCases[] = {
+    {"bf16", [] { return valid_args(DType::kBFloat16); }},
+    {"fp16", [] { return valid_args(DType::kFloat16); }},
+    {"head_dim_64", [] { return with_problem({2, 33, 65, 8, 2, 64}); }},
+    {"head_dim_256", [] { return with_problem({2, 33, 65, 8, 2, 256}); }},
+    {"without_lse",
+     [] {
+       ForwardArgs args = valid_args();
+       args.lse.reset();
+       return args;
+     }},
+    {"causal_with_scale",
+     [] {
+       ForwardArgs args = valid_args();
+       args.causal = true;
+       args.softmax_scale = 0.01f;
+       return args;
+     }},
+    {"negative_scale",
+     [] {
+       ForwardArgs args = valid_args();
+       args.softmax_scale = -1.f;
+       return args;
+     }},
+    {"mqa_all_heads_share_one", [] { return with_problem({1, 17, 17, 16, 1, 128}); }},
+    {"seqlen_q_0_null_q_o_lse",
+     [] {
+       const ForwardPlan plan = contiguous_plan({1, 0, 5, 2, 1, 128}, DType::kBFloat16);
+       return bind_args(plan, {nullptr, fake_bases(plan)[1], fake_bases(plan)[2], nullptr, nullptr}, true, true);
+     }},
+    {"seqlen_k_0_null_k_v",
+     [] {
+       const ForwardPlan plan = contiguous_plan({1, 5, 0, 2, 1, 128}, DType::kBFloat16);
+       std::vector<void*> bases = fake_bases(plan);
+       bases[1] = bases[2] = nullptr;
+       return bind_args(plan, bases, true, true);
+     }},
+    {"seqlen_at_int32_max",
+     [] {
+       ForwardArgs args = valid_args();
+       args.k.shape[1] = args.v.shape[1] = std::numeric_limits<std::int32_t>::max();
+       return args;
+     }},
+    {"packed_qkv_padded_o_and_lse",
+     [] {
+       const ForwardPlan plan = strided_plan({2, 40, 40, 8, 2, 128}, DType::kFloat16);
+       return bind_args(plan, fake_bases(plan), true, false);
+     }},
+    {"unaligned_but_unused_lse_absent",
+     [] {
+       ForwardArgs args = valid_args();
+       args.lse->data = shifted(args.lse->data, 1);
+       args.lse.reset();
+       return args;
+     }},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validation, ValidArguments, ::testing::ValuesIn(kValidCases),
+                         [](const ::testing::TestParamInfo<ValidCase>& info) { return info.param.name; });
+
+TEST(Validation, WorkspaceSizeNeedsAnOutputPointer) {
+  const Status status = flashhop::forward_workspace_size(valid_args(), nullptr);
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("bytes"), std::string::npos) << status.message;
+}
+
+TEST(ForwardParams, FlattensPackedLayout) {
+  const Problem problem{2, 40, 40, 8, 2, 64};
+  const ForwardPlan plan = strided_plan(problem, DType::kFloat16);
+  ForwardArgs args = bind_args(plan, fake_bases(plan), true, true);
+  ASSERT_TRUE(flashhop::validate_forward(args).ok());
+
+  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
+  EXPECT_EQ(params.q, args.q.data);
+  EXPECT_EQ(params.k, args.k.data);
+  EXPECT_EQ(params.v, args.v.data);
+  EXPECT_EQ(params.o, args.o.data);
+  EXPECT_EQ(params.lse, args.lse->data);
+  EXPECT_EQ(params.dtype, DType::kFloat16);
+  EXPECT_EQ(params.batch, 2);
+  EXPECT_EQ(params.seqlen_q, 40);
+  EXPECT_EQ(params.seqlen_k, 40);
+  EXPECT_EQ(params.nheads, 8);
+  EXPECT_EQ(params.nheads_kv, 2);
+  EXPECT_EQ(params.head_dim, 64);
+  EXPECT_EQ(params.head_dim_v, 64);
+
+  const std::int64_t qkv_row = (8 + 2 * 2) * 64;
+  for (const auto& [batch, row, head] :
+       {std::tuple{params.q_batch_stride, params.q_row_stride, params.q_head_stride},
+        std::tuple{params.k_batch_stride, params.k_row_stride, params.k_head_stride},
+        std::tuple{params.v_batch_stride, params.v_row_stride, params.v_head_stride}}) {
+    EXPECT_EQ(batch, 40 * qkv_row);
+    EXPECT_EQ(row, qkv_row);
+    EXPECT_EQ(head, 64);
+  }
+  const std::int64_t o_head = 64 + kOHeadPadding;
+  EXPECT_EQ(params.o_batch_stride, 40 * 8 * o_head);
+  EXPECT_EQ(params.o_row_stride, 8 * o_head);
+  EXPECT_EQ(params.o_head_stride, o_head);
+  const std::int64_t lse_row = 40 + kLseRowPadding;
+  EXPECT_EQ(params.lse_batch_stride, 8 * lse_row);
+  EXPECT_EQ(params.lse_head_stride, lse_row);
+  EXPECT_EQ(params.lse_row_stride, 1);
+
+  EXPECT_FLOAT_EQ(params.softmax_scale, 0.125f);  // 1 / sqrt(64)
+  EXPECT_TRUE(params.causal);
+  EXPECT_EQ(params.device, 0);
+}
+
+TEST(ForwardParams, GivenScaleAndAbsentLse) {
+  ForwardArgs args = valid_args();
+  args.softmax_scale = 0.3f;
+  args.lse.reset();
+  args.q.device = args.k.device = args.v.device = args.o.device = 3;
+  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
+  EXPECT_EQ(params.softmax_scale, 0.3f);
+  EXPECT_EQ(params.lse, nullptr);
+  EXPECT_FALSE(params.causal);
+  EXPECT_EQ(params.device, 3);
+}
+
+TEST(TensorDesc, MakeContiguous) {
+  int storage = 0;
+  const TensorDesc desc = flashhop::make_contiguous(&storage, DType::kFloat16, {2, 3, 4, 5}, 1);
+  EXPECT_EQ(desc.data, &storage);
+  EXPECT_EQ(desc.dtype, DType::kFloat16);
+  EXPECT_EQ(desc.rank, 4);
+  EXPECT_EQ(desc.device, 1);
+  const std::int64_t expected_shape[] = {2, 3, 4, 5}, expected_stride[] = {60, 20, 5, 1};
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(desc.shape[d], expected_shape[d]) << d;
+    EXPECT_EQ(desc.stride[d], expected_stride[d]) << d;
+  }
+}
+
+TEST(TensorDesc, MakeContiguousKeepsStridesPositiveForEmptyDims) {
+  const TensorDesc desc = flashhop::make_contiguous(nullptr, DType::kBFloat16, {1, 0, 8, 64});
+  const std::int64_t expected_stride[] = {512, 512, 64, 1};
+  for (int d = 0; d < 4; ++d) EXPECT_EQ(desc.stride[d], expected_stride[d]) << d;
+}
+
+TEST(TensorDesc, MakeContiguousRecordsRankBeyondMax) {
+  const TensorDesc desc = flashhop::make_contiguous(nullptr, DType::kBFloat16, {1, 2, 3, 4, 5});
+  EXPECT_EQ(desc.rank, 5);
+  const Status status = flashhop::validate_forward({desc, desc, desc, desc, std::nullopt, std::nullopt, false});
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("q.rank = 5"), std::string::npos) << status.message;
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(flashhop::dtype_size(DType::kFloat16), 2u);
+  EXPECT_EQ(flashhop::dtype_size(DType::kBFloat16), 2u);
+  EXPECT_EQ(flashhop::dtype_size(DType::kFloat32), 4u);
+  EXPECT_STREQ(flashhop::dtype_name(DType::kFloat16), "float16");
+  EXPECT_STREQ(flashhop::dtype_name(DType::kBFloat16), "bfloat16");
+  EXPECT_STREQ(flashhop::dtype_name(DType::kFloat32), "float32");
+}
+
+}  // namespace
+}  // namespace flashhop_test
