@@ -163,6 +163,8 @@ const InvalidCase kInvalidCases[] = {
     {"softmax_scale_nan", [](ForwardArgs& a) { a.softmax_scale = std::nanf(""); }, kInvalid,
      {"softmax_scale = nan", "finite"}},
     {"softmax_scale_inf", [](ForwardArgs& a) { a.softmax_scale = INFINITY; }, kInvalid, {"softmax_scale = inf"}},
+    {"softmax_scale_negative", [](ForwardArgs& a) { a.softmax_scale = -1.f; }, kInvalid,
+     {"softmax_scale = -1", ">= 0"}},
     // valid but not supported
     {"head_dim_96", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 96; },
      kNotSupported, {"q.shape[3] (head_dim) = 96", "64, 128 and 256"}},
@@ -209,12 +211,6 @@ const ValidCase kValidCases[] = {
        ForwardArgs args = valid_args();
        args.causal = true;
        args.softmax_scale = 0.01f;
-       return args;
-     }},
-    {"negative_scale",
-     [] {
-       ForwardArgs args = valid_args();
-       args.softmax_scale = -1.f;
        return args;
      }},
     {"mqa_all_heads_share_one", [] { return with_problem({1, 17, 17, 16, 1, 128}); }},

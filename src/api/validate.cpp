@@ -225,8 +225,11 @@ Status validate_forward(const ForwardArgs& args) {
   if (lse) checks << check_same_device(*lse, q);
   if (!checks.status().ok()) return checks.status();
 
-  if (args.softmax_scale && !std::isfinite(*args.softmax_scale)) {
-    return invalid("softmax_scale = ", *args.softmax_scale, ": expected a finite value (or none for 1/sqrt(head_dim))");
+  // The online softmax subtracts the running max of the raw scores, which bounds exp() only for a
+  // non-negative scale.
+  if (args.softmax_scale && !(std::isfinite(*args.softmax_scale) && *args.softmax_scale >= 0.f)) {
+    return invalid("softmax_scale = ", *args.softmax_scale,
+                   ": expected a finite value >= 0 (or none for 1/sqrt(head_dim))");
   }
   return check_supported_head_dims(q, v);
 }
