@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # the stage_* functions are called by name, through run_stage
+# The one script for the GPU machine: configure and build, GPU tests, flashhop-bench over the peers
+# sweep with --check, PyTorch SDPA peers in the same run, and a SASS / ptxas summary of the kernels.
+#
+# Usage: scripts/gpu_run.sh [STAGE...]
+#   stages, run in the order given (default: build test bench peers sass)
+#     build   cmake -G Ninja (-DFLASHHOP_PTXAS_VERBOSE=ON) and build with every core
+#     test    ctest, or the gtest binary itself for a prebuilt build dir
+#     bench   flashhop-bench --sweep peers --check --json
+#     peers   tools/peers_sdpa.py, merged with the bench JSON when it exists
+#     sass    cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
+# Environment:
+#   OUT                 where the logs go (set on the device machine; default ./gpu_out)
+#   BUILD_DIR           build folder (default build-gpu)
+#   SKIP_BUILD=1        take BUILD_DIR as it is (e.g. a build carried from another machine)
+#   CUTLASS_DIR         CUTLASS include dir (default .deps/cutlass/include from scripts/fetch_cutlass.sh
+#                       when present; else CMake finds or pip-installs the headers itself)
+#   FLASHHOP_DTYPES     e.g. "bf16"   restrict the compiled kernels (default: all)
+#   FLASHHOP_HEAD_DIMS  e.g. "128"
+#   BENCH_ARGS          flashhop-bench flags (default "--sweep peers --check")
+#   PEERS_ARGS          extra flags for peers_sdpa.py (e.g. "--head-dims 128")
+# Files under $OUT (few, flat: the device machine returns at most 8): summary.txt, build.log,
+# test.log, bench.log, bench.json, peers.log, peers.json, sass_summary.txt.
+# A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root" || exit 1
+OUT=${OUT:-$root/gpu_out}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+BENCH_ARGS=${BENCH_ARGS:---sweep peers --check}
+PEERS_ARGS=${PEERS_ARGS:-}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+stages=("$@")
+[[ ${#stages[@]} -eq 0 ]] && stages=(build test bench peers sass)
+
+summary="$OUT/summary.txt"
+: >"$summary"
+failed=0
+note() { echo "$*" | tee -a "$summary"; }
+demangle() {
+  if command -v cu++filt >/dev/null; then cu++filt; elif command -v c++filt >/dev/null; then c++filt; else cat; fi
+}
+
+note "flashhop gpu_run.sh $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+note "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo 'unknown (no git here)')"
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null || echo 'nvidia-smi failed')"
+note "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'not found')"
+note "cmake: $(cmake --version 2>/dev/null | head -1); ninja $(ninja --version 2>/dev/null); $(nproc) cores"
+note "stages: ${stages[*]}; BUILD_DIR=$BUILD_DIR SKIP_BUILD=${SKIP_BUILD:-0}"
+
+# Runs one stage function, timing it and recording its status.
+run_stage() {
+  local name=$1 start=$SECONDS
+  echo "=== $name"
+  if "stage_$name"; then
+    note "stage $name: ok ($((SECONDS - start)) s)"
+  else
+    note "stage $name: FAILED ($((SECONDS - start)) s)"
+    failed=1
+  fi
+}
+
+stage_build() {
+  local log="$OUT/build.log"
+  if [[ ${SKIP_BUILD:-0} == 1 ]]; then
+    note "build skipped (SKIP_BUILD=1): using $BUILD_DIR as it is"
+    [[ -x $BUILD_DIR/tools/flashhop-bench ]]
+    return
+  fi
+  local args=(-S "$root" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHHOP_PTXAS_VERBOSE=ON)
+  local cutlass=${CUTLASS_DIR:-$root/.deps/cutlass/include}
+  if [[ -f $cutlass/cute/tensor.hpp ]]; then
+    args+=(-DCUTLASS_DIR="$cutlass")
+  else
+    note "no CUTLASS headers at $cutlass: CMake looks for nvidia-cutlass itself, which needs pip access" \
+         "(offline: run scripts/fetch_cutlass.sh where pip works and bring .deps/cutlass)"
+  fi
+  [[ -n ${FLASHHOP_DTYPES:-} ]] && args+=(-DFLASHHOP_DTYPES="$FLASHHOP_DTYPES")
+  [[ -n ${FLASHHOP_HEAD_DIMS:-} ]] && args+=(-DFLASHHOP_HEAD_DIMS="$FLASHHOP_HEAD_DIMS")
+  # The tests need GoogleTest, which the GPU machine may lack: then build without them and say so.
+  if ! cmake "${args[@]}" -DFLASHHOP_BUILD_TESTS=ON >"$log" 2>&1; then
+    if grep -q GTest "$log"; then
+      note "GoogleTest not found here: configuring without tests (carry a prebuilt BUILD_DIR to run them)"
+      cmake "${args[@]}" -DFLASHHOP_BUILD_TESTS=OFF >>"$log" 2>&1 || { tail -30 "$log"; return 1; }
+    else
+      tail -30 "$log"
+      return 1
+    fi
+  fi
+  cmake --build "$BUILD_DIR" --parallel "$(nproc)" 2>&1 | tee -a "$log" |
+    { grep -E '^\[|error|FAILED' || true; } | tail -40
+}
+
+stage_test() {
+  local log="$OUT/test.log"
+  if [[ ${SKIP_BUILD:-0} == 1 ]]; then
+    # ctest files hold the absolute paths of the machine that configured them: run the binary itself.
+    local binary="$BUILD_DIR/tests/flashhop_tests"
+    [[ -x $binary ]] || { note "no test binary at $binary"; return 1; }
+    "$binary" 2>&1 | tee "$log" | tail -40
+  else
+    if [[ ! -f $BUILD_DIR/tests/CTestTestfile.cmake ]]; then
+      note "tests were not built (GoogleTest missing at configure time)"
+      return 1
+    fi
+    ctest --test-dir "$BUILD_DIR" --output-on-failure 2>&1 | tee "$log" | tail -40
+  fi
+}
+
+stage_bench() {
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  "$BUILD_DIR/tools/flashhop-bench" $BENCH_ARGS --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+}
+
+stage_peers() {
+  local merge=()
+  [[ -f $OUT/bench.json ]] && merge=(--flashhop-json "$OUT/bench.json")
+  # shellcheck disable=SC2086  # PEERS_ARGS is a list of flags
+  python3 "$root/tools/peers_sdpa.py" --json "$OUT/peers.json" "${merge[@]}" $PEERS_ARGS 2>&1 |
+    tee "$OUT/peers.log"
+}
+
+# Per kernel function: counts of the instructions that show the design is in the machine code.
+#   HGMMA       warpgroup MMA (wgmma)          UTMALDG / UTMASTG  TMA loads / stores
+#   USETMAXREG  register reallocation          BAR.SYNC / BAR.ARV barriers (named ones carry an id)
+#   SYNCS       mbarrier operations            LDL / STL          local memory (spills)
+stage_sass() {
+  local report="$OUT/sass_summary.txt"
+  local status=0 objects
+  if ! command -v cuobjdump >/dev/null; then
+    note "cuobjdump not found: no SASS counts (ptxas lines only)"
+    status=1
+    objects=()
+  else
+    mapfile -t objects < <(find "$BUILD_DIR/CMakeFiles/flashhop.dir/src/kernels" -name '*.o' 2>/dev/null | sort)
+  fi
+  {
+    echo "SASS instruction counts per kernel function ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+    if [[ $status -eq 0 && ${#objects[@]} -eq 0 ]]; then
+      echo "no kernel objects under $BUILD_DIR/CMakeFiles/flashhop.dir/src/kernels"
+    fi
+    local object
+    for object in "${objects[@]}"; do
+      echo
+      echo "## ${object#"$BUILD_DIR"/}"
+      cuobjdump --dump-sass "$object" | awk '
+        function report() {
+          if (name != "")
+            printf "%s\n  HGMMA %d  UTMALDG %d  UTMASTG %d  USETMAXREG %d  BAR.SYNC %d  BAR.ARV %d  SYNCS %d  LDL %d  STL %d\n",
+                   name, c["HGMMA"], c["UTMALDG"], c["UTMASTG"], c["USETMAXREG"], c["BAR.SYNC"],
+                   c["BAR.ARV"], c["SYNCS"], c["LDL"], c["STL"]
+          split("", c)
+        }
+        /Function :/ { report(); name = $3; next }
+        # An instruction line: /*address*/ [@predicate] OPCODE.modifiers operands ;
+        $1 ~ /^\/\*[0-9a-f]+\*\/$/ {
+          i = ($2 ~ /^@/) ? 3 : 2
+          split($i, p, ".")
+          if (p[1] ~ /^(HGMMA|UTMALDG|UTMASTG|USETMAXREG|SYNCS|LDL|STL)$/) c[p[1]]++
+          else if (p[1] == "BAR" && (p[2] == "SYNC" || p[2] == "ARV")) c["BAR." p[2]]++
+        }
+        END { report() }' | demangle
+    done
+    echo
+    echo "ptxas -v (from build.log): registers, shared memory, stack frame, spills"
+    grep -E 'ptxas (info|warning)|bytes stack frame|spill' "$OUT/build.log" 2>/dev/null ||
+      echo "no ptxas lines (build skipped or FLASHHOP_PTXAS_VERBOSE off)"
+  } >"$report" 2>&1
+  head -60 "$report"
+  return "$status"
+}
+
+for stage in "${stages[@]}"; do
+  if ! declare -F "stage_$stage" >/dev/null; then
+    note "unknown stage '$stage' (build test bench peers sass)"
+    failed=1
+    continue
+  fi
+  run_stage "$stage"
+done
+
+echo
+cat "$summary"
+if [[ -f $OUT/peers.log ]]; then
+  sed -n '/^| d | causal/,$p' "$OUT/peers.log"
+elif [[ -f $OUT/bench.log ]]; then
+  sed -n '/^| d | causal/,$p' "$OUT/bench.log"
+fi
+exit $failed

@@ -1,0 +1,530 @@
+// flashhop-bench: times flashhop::forward on one configuration or on a named sweep, next to the
+// cuBLAS bf16 GEMM rate measured in the same run, and with --check compares each output with the
+// CPU reference (bench_check.h says how). `flashhop-bench --help` lists the flags.
+//
+// Method (the tool library's device/METHOD.md): random normal inputs drawn on the device, fresh for
+// every configuration; as many input sets as it takes to exceed three times the L2 cache, rotated
+// between calls, so that no timed call finds its inputs in L2; warm-up calls, then one CUDA event pair
+// around each timed call and the median. FLOPs follow FlashAttention: 2 * b * h * pairs * (d + dv),
+// i.e. 4 * b * h * sq * sk * d, where pairs is sq * sk without a mask, sq * sk / 2 for a causal mask
+// with sq == sk (the convention the peers' numbers use), and for a causal mask with sq != sk the exact
+// count of (query, key) pairs the bottom-right aligned mask leaves visible.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "bench_check.h"
+#include "bench_device.h"
+#include "flashhop/flashhop.h"
+
+namespace flashhop::bench {
+namespace {
+
+constexpr int kGemmSize = 8192;
+constexpr int kMaxInputSets = 64;
+constexpr double kL2Multiple = 3.0;  // rotated inputs span at least this many L2 caches
+
+struct Config {
+  int batch = 4, seqlen_q = 4096, seqlen_k = 4096, nheads = 16, nheads_kv = 16, head_dim = 128;
+  DType dtype = DType::kBFloat16;
+  bool causal = false;
+};
+
+struct Options {
+  std::vector<Config> configs;
+  std::string sweep;  // empty for a single configuration
+  bool check = false;
+  int warmup = 10, iters = 50;
+  std::string json_path;
+  std::uint64_t seed = 0;
+};
+
+struct Result {
+  Config config;
+  std::string error;  // empty when the configuration ran
+  double ms = 0, tflops = 0;
+  int input_sets = 0;
+  std::optional<CheckResult> check;
+};
+
+const char* short_dtype(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--iters N] [--warmup N]\n"
+      "                      [--seed N] [--json FILE]\n"
+      "Configuration (defaults in brackets):\n"
+      "  --batch N [4]  --seqlen N [4096] (or --seqlen-q N --seqlen-k N)  --nheads N [16]\n"
+      "  --nheads-kv N [= nheads]  --head-dim N [128]  --dtype bf16|fp16 [bf16]  --causal\n"
+      "Sweeps:\n"
+      "  --sweep peers   the grid of PEERS.md: d in {64,128,256}, nheads = 2048/d, seqlen in\n"
+      "                  {512,...,16384} with batch = 16384/seqlen, causal no/yes, bf16\n"
+      "Other:\n"
+      "  --check         compare O and LSE with the CPU double-precision reference\n"
+      "  --iters N [50]  timed calls per configuration (median reported); --warmup N [10]\n"
+      "  --seed N        seed of the random inputs [drawn at start, printed]\n"
+      "  --json FILE     write every result as JSON\n"
+      "Exit status: 0 when every configuration ran (and passed --check); 1 otherwise; 2 on bad flags.\n");
+}
+
+std::vector<Config> peers_sweep() {
+  std::vector<Config> configs;
+  for (int head_dim : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) {
+        Config c;
+        c.batch = 16384 / seqlen;
+        c.seqlen_q = c.seqlen_k = seqlen;
+        c.nheads = c.nheads_kv = 2048 / head_dim;
+        c.head_dim = head_dim;
+        c.causal = causal;
+        configs.push_back(c);
+      }
+    }
+  }
+  return configs;
+}
+
+// Parses the command line; on a bad flag prints why and returns nothing.
+std::optional<Options> parse_options(int argc, char** argv) {
+  Options options;
+  Config config;
+  std::optional<int> seqlen, seqlen_q, seqlen_k, nheads_kv;
+  bool seed_given = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::optional<std::string> value;
+    if (const auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+    }
+    auto next_value = [&]() -> std::optional<std::string> {
+      if (value) return value;
+      if (i + 1 < argc) return std::string(argv[++i]);
+      std::fprintf(stderr, "flashhop-bench: %s needs a value\n", flag.c_str());
+      return std::nullopt;
+    };
+    auto positive_int = [&](int* out) {
+      const auto text = next_value();
+      if (!text) return false;
+      char* end = nullptr;
+      const long parsed = std::strtol(text->c_str(), &end, 10);
+      if (text->empty() || *end != '\0' || parsed < 1 || parsed > (1l << 30)) {
+        std::fprintf(stderr, "flashhop-bench: %s expects a positive integer, got '%s'\n", flag.c_str(),
+                     text->c_str());
+        return false;
+      }
+      *out = int(parsed);
+      return true;
+    };
+    int number = 0;
+    if (flag == "--help" || flag == "-h") {
+      print_usage(stdout);
+      std::exit(0);
+    } else if (flag == "--batch") {
+      if (!positive_int(&config.batch)) return std::nullopt;
+    } else if (flag == "--seqlen" || flag == "--seqlen-q" || flag == "--seqlen-k") {
+      if (!positive_int(&number)) return std::nullopt;
+      (flag == "--seqlen" ? seqlen : flag == "--seqlen-q" ? seqlen_q : seqlen_k) = number;
+    } else if (flag == "--nheads") {
+      if (!positive_int(&config.nheads)) return std::nullopt;
+    } else if (flag == "--nheads-kv") {
+      if (!positive_int(&number)) return std::nullopt;
+      nheads_kv = number;
+    } else if (flag == "--head-dim") {
+      if (!positive_int(&config.head_dim)) return std::nullopt;
+    } else if (flag == "--dtype") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      if (*text == "bf16") {
+        config.dtype = DType::kBFloat16;
+      } else if (*text == "fp16") {
+        config.dtype = DType::kFloat16;
+      } else {
+        std::fprintf(stderr, "flashhop-bench: --dtype expects bf16 or fp16, got '%s'\n", text->c_str());
+        return std::nullopt;
+      }
+    } else if (flag == "--causal") {
+      config.causal = true;
+    } else if (flag == "--sweep") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      if (*text != "peers") {
+        std::fprintf(stderr, "flashhop-bench: unknown sweep '%s' (known: peers)\n", text->c_str());
+        return std::nullopt;
+      }
+      options.sweep = *text;
+    } else if (flag == "--check") {
+      options.check = true;
+    } else if (flag == "--iters") {
+      if (!positive_int(&options.iters)) return std::nullopt;
+    } else if (flag == "--warmup") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      options.warmup = std::max(0, std::atoi(text->c_str()));
+    } else if (flag == "--seed") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      options.seed = std::strtoull(text->c_str(), nullptr, 0);
+      seed_given = true;
+    } else if (flag == "--json") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      options.json_path = *text;
+    } else {
+      std::fprintf(stderr, "flashhop-bench: unknown flag '%s' (see --help)\n", argv[i]);
+      return std::nullopt;
+    }
+  }
+  config.seqlen_q = seqlen_q.value_or(seqlen.value_or(config.seqlen_q));
+  config.seqlen_k = seqlen_k.value_or(seqlen.value_or(config.seqlen_k));
+  config.nheads_kv = nheads_kv.value_or(config.nheads);
+  options.configs = options.sweep.empty() ? std::vector<Config>{config} : peers_sweep();
+  if (!seed_given) options.seed = (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+  return options;
+}
+
+// Visible (query, key) pairs per head, by the FLOP convention in this file's header comment.
+double attended_pairs(const Config& c) {
+  const double full = double(c.seqlen_q) * c.seqlen_k;
+  if (!c.causal) return full;
+  if (c.seqlen_q == c.seqlen_k) return full / 2;
+  double pairs = 0;
+  for (std::int64_t i = 0; i < c.seqlen_q; ++i) {
+    pairs += double(std::clamp<std::int64_t>(i + c.seqlen_k - c.seqlen_q + 1, 0, c.seqlen_k));
+  }
+  return pairs;
+}
+
+double forward_flops(const Config& c) {
+  const int head_dim_v = c.head_dim;
+  return 2.0 * c.batch * c.nheads * attended_pairs(c) * (c.head_dim + head_dim_v);
+}
+
+// The device tensors of one forward call, contiguous in flashhop's layout.
+struct InputSet {
+  DeviceBuffer q, k, v, o, lse;
+  ForwardArgs args;
+};
+
+InputSet make_input_set(const Config& c, std::uint64_t seed, cudaStream_t stream) {
+  const std::int64_t q_elems = std::int64_t(c.batch) * c.seqlen_q * c.nheads * c.head_dim;
+  const std::int64_t kv_elems = std::int64_t(c.batch) * c.seqlen_k * c.nheads_kv * c.head_dim;
+  const std::int64_t lse_elems = std::int64_t(c.batch) * c.nheads * c.seqlen_q;
+  const std::size_t elem = dtype_size(c.dtype);
+  InputSet set{DeviceBuffer(q_elems * elem), DeviceBuffer(kv_elems * elem), DeviceBuffer(kv_elems * elem),
+               DeviceBuffer(q_elems * elem), DeviceBuffer(lse_elems * sizeof(float)), {}};
+  fill_random_normal(set.q.data(), q_elems, c.dtype, seed * 4 + 0, stream);
+  fill_random_normal(set.k.data(), kv_elems, c.dtype, seed * 4 + 1, stream);
+  fill_random_normal(set.v.data(), kv_elems, c.dtype, seed * 4 + 2, stream);
+
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  set.args.q = make_contiguous(set.q.data(), c.dtype, {c.batch, c.seqlen_q, c.nheads, c.head_dim}, device);
+  set.args.k = make_contiguous(set.k.data(), c.dtype, {c.batch, c.seqlen_k, c.nheads_kv, c.head_dim}, device);
+  set.args.v = make_contiguous(set.v.data(), c.dtype, {c.batch, c.seqlen_k, c.nheads_kv, c.head_dim}, device);
+  set.args.o = make_contiguous(set.o.data(), c.dtype, {c.batch, c.seqlen_q, c.nheads, c.head_dim}, device);
+  set.args.lse = make_contiguous(set.lse.data(), DType::kFloat32, {c.batch, c.nheads, c.seqlen_q}, device);
+  set.args.causal = c.causal;
+  return set;
+}
+
+std::size_t input_set_bytes(const Config& c) {
+  const std::size_t elem = dtype_size(c.dtype);
+  const std::size_t q_and_o = 2 * std::size_t(c.batch) * c.seqlen_q * c.nheads * c.head_dim * elem;
+  const std::size_t k_and_v = 2 * std::size_t(c.batch) * c.seqlen_k * c.nheads_kv * c.head_dim * elem;
+  return q_and_o + k_and_v + std::size_t(c.batch) * c.nheads * c.seqlen_q * sizeof(float);
+}
+
+template <typename T>
+std::vector<T> copy_to_host(const DeviceBuffer& buffer) {
+  std::vector<T> host(buffer.bytes() / sizeof(T));
+  cuda_check(cudaMemcpy(host.data(), buffer.data(), buffer.bytes(), cudaMemcpyDeviceToHost),
+             "cudaMemcpy device to host");
+  return host;
+}
+
+// Runs one configuration: the check call (outputs poisoned first), then the timed calls.
+Result run_config(const Config& c, const Options& options, std::uint64_t seed, cudaStream_t stream) {
+  Result result;
+  result.config = c;
+  try {
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    int l2_bytes = 0;
+    cuda_check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 cache size");
+    std::size_t free_bytes = 0, total_bytes = 0;
+    cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    const std::size_t set_bytes = input_set_bytes(c);
+    const double wanted = std::ceil(kL2Multiple * l2_bytes / double(set_bytes));
+    // Rotating sets may take at most half of the free memory; one set always.
+    const double affordable = std::floor(0.5 * double(free_bytes) / double(set_bytes));
+    result.input_sets = int(std::clamp(std::min(wanted, affordable), 1.0, double(kMaxInputSets)));
+
+    std::vector<InputSet> sets;
+    for (int s = 0; s < result.input_sets; ++s) sets.push_back(make_input_set(c, seed + s, stream));
+
+    std::size_t workspace_bytes = 0;
+    if (const Status status = forward_workspace_size(sets[0].args, &workspace_bytes); !status.ok()) {
+      result.error = "forward_workspace_size: " + status.message;
+      return result;
+    }
+    DeviceBuffer workspace(workspace_bytes);
+
+    auto call = [&](int i) {
+      const Status status = forward(sets[i % sets.size()].args, workspace.data(), workspace_bytes, stream);
+      if (!status.ok()) throw BenchError("forward: " + status.message);
+      cuda_check(cudaGetLastError(), "after forward");
+    };
+
+    if (options.check) {
+      poison(sets[0].o, stream);
+      poison(sets[0].lse, stream);
+      call(0);
+      cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the checked call");
+      HostTensors host;
+      host.dtype = c.dtype;
+      host.q = copy_to_host<std::uint16_t>(sets[0].q);
+      host.k = copy_to_host<std::uint16_t>(sets[0].k);
+      host.v = copy_to_host<std::uint16_t>(sets[0].v);
+      host.o = copy_to_host<std::uint16_t>(sets[0].o);
+      host.lse = copy_to_host<float>(sets[0].lse);
+      reference::AttentionShape shape;
+      shape.batch = c.batch, shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k;
+      shape.nheads = c.nheads, shape.nheads_kv = c.nheads_kv;
+      shape.head_dim = shape.head_dim_v = c.head_dim;
+      result.check = check_forward(shape, c.causal, 1.0 / std::sqrt(double(c.head_dim)), host);
+    }
+
+    result.ms = median_time_ms(call, options.warmup, options.iters, stream);
+    result.tflops = forward_flops(c) / (result.ms * 1e-3) / 1e12;
+  } catch (const BenchError& error) {
+    result.error = error.what();
+    // A failed launch can leave work or an error behind; start the next configuration clean.
+    cudaStreamSynchronize(stream);
+    cudaGetLastError();
+  }
+  return result;
+}
+
+bool result_ok(const Result& r) { return r.error.empty() && (!r.check || r.check->passed); }
+
+std::string describe(const Config& c) {
+  std::ostringstream out;
+  out << "b=" << c.batch << " sq=" << c.seqlen_q << " sk=" << c.seqlen_k << " h=" << c.nheads << "/"
+      << c.nheads_kv << " d=" << c.head_dim << " " << short_dtype(c.dtype) << (c.causal ? " causal" : "");
+  return out.str();
+}
+
+// One line per result, written as each configuration finishes.
+void print_progress(const Result& r, double gemm_tflops) {
+  if (!r.error.empty()) {
+    std::printf("%-46s ERROR %s\n", describe(r.config).c_str(), r.error.c_str());
+  } else {
+    std::printf("%-46s %9.3f ms %7.1f TFLOP/s %5.1f%% of GEMM  (%d input set%s)\n",
+                describe(r.config).c_str(), r.ms, r.tflops, 100 * r.tflops / gemm_tflops, r.input_sets,
+                r.input_sets == 1 ? "" : "s");
+  }
+  if (r.check) {
+    const CheckResult& k = *r.check;
+    std::printf("    check %s: O max|err| %.3g (tol %.3g = 2 x baseline %.3g + atol), rel L2 %.3g; "
+                "LSE max|err| %.3g (tol %.3g)",
+                k.passed ? "PASS" : "FAIL", k.o_max_abs_err, k.o_tolerance, k.o_baseline_max_abs_err,
+                k.o_rel_l2_err, k.lse_max_abs_err, k.lse_tolerance);
+    if (k.nonfinite_o || k.nan_lse || k.lse_inf_mismatch) {
+      std::printf("; non-finite O %lld, NaN LSE %lld, -inf LSE mismatches %lld", (long long)k.nonfinite_o,
+                  (long long)k.nan_lse, (long long)k.lse_inf_mismatch);
+    }
+    std::printf("\n    compared: %s\n", k.scope.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// The closing table: one row per configuration.
+void print_table(const std::vector<Result>& results, double gemm_tflops, bool check) {
+  std::printf("\n| d | causal | seqlen_q | seqlen_k | batch | heads (q/kv) | dtype | ms | TFLOP/s | of GEMM |%s\n",
+              check ? " check |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|%s\n", check ? "---|" : "");
+  for (const Result& r : results) {
+    const Config& c = r.config;
+    std::printf("| %d | %s | %d | %d | %d | %d/%d | %s | ", c.head_dim, c.causal ? "yes" : "no", c.seqlen_q,
+                c.seqlen_k, c.batch, c.nheads, c.nheads_kv, short_dtype(c.dtype));
+    if (r.error.empty()) {
+      std::printf("%.3f | %.1f | %.1f%% |", r.ms, r.tflops, 100 * r.tflops / gemm_tflops);
+    } else {
+      std::printf("error | - | - |");
+    }
+    if (check) {
+      std::printf(" %s |", !r.check ? "-" : r.check->passed ? "pass" : "FAIL");
+    }
+    std::printf("\n");
+  }
+}
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", ch);
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// JSON has no NaN or infinity: those become null.
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", value);
+  return text;
+}
+
+struct DeviceInfo {
+  std::string name;
+  int sm_count = 0, l2_bytes = 0, cc_major = 0, cc_minor = 0, runtime_version = 0, driver_version = 0;
+  std::size_t memory_bytes = 0;
+};
+
+void write_json(const std::string& path, const Options& options, const DeviceInfo& device,
+                double gemm_tflops, const std::vector<Result>& results) {
+  std::ofstream out(path);
+  out << "{\n  \"tool\": \"flashhop-bench\",\n";
+  out << "  \"device\": {\"name\": " << json_string(device.name) << ", \"compute_capability\": \""
+      << device.cc_major << "." << device.cc_minor << "\", \"sm_count\": " << device.sm_count
+      << ", \"l2_bytes\": " << device.l2_bytes << ", \"memory_bytes\": " << device.memory_bytes
+      << ", \"cuda_runtime\": " << device.runtime_version << ", \"cuda_driver\": " << device.driver_version
+      << "},\n";
+  out << "  \"sweep\": " << (options.sweep.empty() ? "null" : json_string(options.sweep)) << ",\n";
+  out << "  \"seed\": " << options.seed << ", \"warmup\": " << options.warmup
+      << ", \"iters\": " << options.iters << ",\n";
+  out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk, causal sq==sk: sq*sk/2, "
+         "causal sq!=sk: exact bottom-right count\",\n";
+  out << "  \"gemm\": {\"m\": " << kGemmSize << ", \"n\": " << kGemmSize << ", \"k\": " << kGemmSize
+      << ", \"dtype\": \"bf16\", \"tflops\": " << json_number(gemm_tflops) << "},\n";
+  out << "  \"results\": [";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const Config& c = r.config;
+    out << (i ? ",\n" : "\n") << "    {\"config\": {\"batch\": " << c.batch << ", \"seqlen_q\": " << c.seqlen_q
+        << ", \"seqlen_k\": " << c.seqlen_k << ", \"nheads\": " << c.nheads << ", \"nheads_kv\": "
+        << c.nheads_kv << ", \"head_dim\": " << c.head_dim << ", \"dtype\": \"" << short_dtype(c.dtype)
+        << "\", \"causal\": " << (c.causal ? "true" : "false") << "},\n";
+    out << "     \"status\": " << (r.error.empty() ? "\"ok\"" : "\"error\"")
+        << ", \"error\": " << (r.error.empty() ? "null" : json_string(r.error));
+    if (r.error.empty()) {
+      out << ", \"ms\": " << json_number(r.ms) << ", \"tflops\": " << json_number(r.tflops)
+          << ", \"fraction_of_gemm\": " << json_number(r.tflops / gemm_tflops)
+          << ", \"input_sets\": " << r.input_sets;
+    }
+    out << ",\n     \"check\": ";
+    if (!r.check) {
+      out << "null}";
+      continue;
+    }
+    const CheckResult& k = *r.check;
+    out << "{\"passed\": " << (k.passed ? "true" : "false") << ", \"scope\": " << json_string(k.scope)
+        << ", \"o_max_abs_err\": " << json_number(k.o_max_abs_err)
+        << ", \"o_baseline_max_abs_err\": " << json_number(k.o_baseline_max_abs_err)
+        << ", \"o_tolerance\": " << json_number(k.o_tolerance)
+        << ", \"o_rel_l2_err\": " << json_number(k.o_rel_l2_err)
+        << ", \"lse_max_abs_err\": " << json_number(k.lse_max_abs_err)
+        << ", \"lse_baseline_max_abs_err\": " << json_number(k.lse_baseline_max_abs_err)
+        << ", \"lse_tolerance\": " << json_number(k.lse_tolerance)
+        << ", \"nonfinite_o\": " << k.nonfinite_o << ", \"nan_lse\": " << k.nan_lse
+        << ", \"lse_inf_mismatch\": " << k.lse_inf_mismatch << "}}";
+  }
+  out << "\n  ]\n}\n";
+  if (!out) throw BenchError("could not write " + path);
+}
+
+DeviceInfo query_device() {
+  DeviceInfo info;
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  info.name = prop.name;
+  info.sm_count = prop.multiProcessorCount;
+  info.l2_bytes = prop.l2CacheSize;
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  info.memory_bytes = prop.totalGlobalMem;
+  cuda_check(cudaRuntimeGetVersion(&info.runtime_version), "cudaRuntimeGetVersion");
+  cuda_check(cudaDriverGetVersion(&info.driver_version), "cudaDriverGetVersion");
+  return info;
+}
+
+int run(const Options& options) {
+  int device_count = 0;
+  if (const cudaError_t error = cudaGetDeviceCount(&device_count); error != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "flashhop-bench: no CUDA device (%s)\n",
+                 error != cudaSuccess ? cudaGetErrorString(error) : "device count is 0");
+    return 1;
+  }
+  const DeviceInfo device = query_device();
+  std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d\n", device.name.c_str(),
+              device.cc_major, device.cc_minor, device.sm_count, device.l2_bytes >> 20,
+              device.runtime_version, device.driver_version);
+  std::printf("seed %llu, %d warm-up + %d timed calls per configuration, median\n",
+              (unsigned long long)options.seed, options.warmup, options.iters);
+
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const double gemm_tflops = measure_gemm_bf16_tflops(kGemmSize, options.warmup, options.iters, stream);
+  std::printf("cuBLAS bf16 GEMM %dx%dx%d: %.1f TFLOP/s (median)\n\n", kGemmSize, kGemmSize, kGemmSize,
+              gemm_tflops);
+
+  std::vector<Result> results;
+  for (std::size_t i = 0; i < options.configs.size(); ++i) {
+    // Each configuration draws its own inputs; sets within one are spaced by their index.
+    const std::uint64_t seed = options.seed + i * std::uint64_t(kMaxInputSets);
+    results.push_back(run_config(options.configs[i], options, seed, stream));
+    print_progress(results.back(), gemm_tflops);
+  }
+  cudaStreamDestroy(stream);
+
+  print_table(results, gemm_tflops, options.check);
+  if (!options.json_path.empty()) {
+    write_json(options.json_path, options, device, gemm_tflops, results);
+    std::printf("\nwrote %s\n", options.json_path.c_str());
+  }
+  const auto failed = std::count_if(results.begin(), results.end(), [](const Result& r) { return !result_ok(r); });
+  if (failed > 0) {
+    std::printf("%lld of %zu configurations failed (error or check)\n", (long long)failed, results.size());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace flashhop::bench
+
+int main(int argc, char** argv) {
+  const auto options = flashhop::bench::parse_options(argc, argv);
+  if (!options) return 2;
+  try {
+    return flashhop::bench::run(*options);
+  } catch (const flashhop::bench::BenchError& error) {
+    std::fprintf(stderr, "flashhop-bench: %s\n", error.what());
+    return 1;
+  }
+}
