@@ -223,21 +223,25 @@ struct ForwardMainloop {
     PipelineState v_read = k_read;  // V of the previous key tile, consumed by the pending P V
     ++k_read;
 
+    // The factor that takes O from the previous running max to the current one, owed after each
+    // softmax and paid before the next P V (while the tensor cores run the next S GEMM).
+    // O is still zero before the first P V, so any factor will do there.
+    typename Softmax::RowValues o_scale = Softmax::unit_factors();
     auto step = [&](int n_block, auto needs_mask) {
       Tensor s_accum = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
       MmaScheduler::wait_turn(consumer);
       pipeline_k.consumer_wait(k_read);
       warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_accum);
+      Softmax::rescale(rowcol_view(o_accum), o_scale);
       pipeline_v.consumer_wait(v_read);
       warpgroup_gemm<false, -1>(mma_pv, p_regs, tOrV(_, _, _, v_read.index()), o_accum);
       MmaScheduler::pass_turn(consumer);
       warpgroup_wait<1>();  // S retired; P V may still run
       pipeline_k.consumer_release(k_read);
       Tensor scores = scores_of(s_accum, n_block, needs_mask);
-      auto o_scale = softmax.template update</*kIsFirst=*/false>(scores);
-      warpgroup_wait<0>();  // P V retired: p_regs and o_accum are free again
+      o_scale = softmax.template update</*kIsFirst=*/false>(scores);
+      warpgroup_wait<0>();  // P V retired: p_regs is free again
       pipeline_v.consumer_release(v_read);
-      Softmax::rescale(rowcol_view(o_accum), o_scale);
       convert_fragment_into(s_accum, p_regs);
       v_read = k_read;
       ++k_read;
@@ -246,6 +250,7 @@ struct ForwardMainloop {
     for (--n_block; n_block >= 0 && n_block >= first_masked; --n_block) step(n_block, true_type{});
     for (; n_block >= 0; --n_block) step(n_block, false_type{});
 
+    Softmax::rescale(rowcol_view(o_accum), o_scale);
     pipeline_v.consumer_wait(v_read);
     warpgroup_gemm<false, 0>(mma_pv, p_regs, tOrV(_, _, _, v_read.index()), o_accum);
     pipeline_v.consumer_release(v_read);

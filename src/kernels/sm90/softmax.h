@@ -68,6 +68,13 @@ struct OnlineSoftmax {
     return o_scale;
   }
 
+  static CUTLASS_DEVICE RowValues unit_factors() {
+    RowValues ones;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) ones[m] = 1.f;
+    return ones;
+  }
+
   // Multiplies each row of O (rows, cols) by its factor.
   template <class Accum>
   CUTLASS_DEVICE static void rescale(Accum&& o, RowValues const& factor) {
