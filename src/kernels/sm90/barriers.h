@@ -31,6 +31,8 @@ enum class ForwardBarrier : unsigned {
 // Orders the two consumer warpgroups' GEMM issue (ping-pong): while one warpgroup runs its softmax,
 // the other's GEMMs hold the tensor cores. Consumer c waits on its own barrier before issuing and,
 // once issued, lets the other one go. Each barrier counts both warpgroups (one arrives, one syncs).
+// kEnabled = false turns every call into nothing (the consumers then issue independently).
+template <bool kEnabled>
 struct MmaScheduler {
   static constexpr unsigned kThreads = 2 * kThreadsPerWarpGroup;
 
@@ -39,13 +41,13 @@ struct MmaScheduler {
   }
   // Consumer 0 goes first: its barrier starts with one arrival.
   static CUTLASS_DEVICE void init(int consumer) {
-    if (consumer == 0) cutlass::arch::NamedBarrier::arrive(kThreads, barrier_of(0));
+    if (kEnabled && consumer == 0) cutlass::arch::NamedBarrier::arrive(kThreads, barrier_of(0));
   }
   static CUTLASS_DEVICE void wait_turn(int consumer) {
-    cutlass::arch::NamedBarrier::sync(kThreads, barrier_of(consumer));
+    if (kEnabled) cutlass::arch::NamedBarrier::sync(kThreads, barrier_of(consumer));
   }
   static CUTLASS_DEVICE void pass_turn(int consumer) {
-    cutlass::arch::NamedBarrier::arrive(kThreads, barrier_of(1 - consumer));
+    if (kEnabled) cutlass::arch::NamedBarrier::arrive(kThreads, barrier_of(1 - consumer));
   }
   // Consumer 0 takes the turn consumer 1 passed last (or init's), so no barrier is left half-arrived.
   static CUTLASS_DEVICE void finish(int consumer) {

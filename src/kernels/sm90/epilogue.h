@@ -48,10 +48,12 @@ struct ForwardEpilogue {
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order).
-  // thread_idx in [0, 256) over both consumer warpgroups.
+  // thread_idx in [0, 256) over both consumer warpgroups. When `release_q` is set, the producer is
+  // waiting on `q_free` to load the next tile's Q into the buffer O passes through.
   template <class OAccum, class RowValues>
   static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
-                                   RowValues const& lse, int thread_idx, int m_block, int head, int batch) {
+                                   RowValues const& lse, int thread_idx, int m_block, int head, int batch,
+                                   cutlass::arch::ClusterBarrier& q_free, bool release_q) {
     using namespace cute;
     TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
@@ -84,8 +86,11 @@ struct ForwardEpilogue {
       auto tma_o = params.tma_o.get_slice(_0{});
       copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
       tma_store_arrive();
-      tma_store_wait<0>();  // the CTA's shared memory must outlive the TMA's reads of it
+      tma_store_wait<0>();  // the TMA has read all of O from shared memory
+      if (release_q) q_free.arrive();
     }
+    // No consumer may write the next tile's O into the buffer before the TMA has read this one.
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
   }
 };
 

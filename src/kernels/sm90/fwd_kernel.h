@@ -1,5 +1,6 @@
 // The sm90 forward kernel: wires the tile scheduler, the mainloop (producer and consumer halves)
-// and the epilogue, and assigns warp roles and register budgets.
+// and the epilogue, and assigns warp roles and register budgets. Persistent: each CTA loops over
+// its work tiles, the K/V pipeline states running on from tile to tile.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,11 +23,12 @@ struct ForwardKernel {
   using Epilogue = Epilogue_;
   using Mask = typename Mainloop::Mask;
   using Pipeline = typename Mainloop::Pipeline;
-  using Scheduler = SingleTileScheduler<Mask::kIsCausal>;
+  using Scheduler = StaticPersistentScheduler<Mask::kIsCausal>;
 
   struct SharedStorage {
     typename Mainloop::SharedStorage tensors;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed in shared memory
+    cutlass::arch::ClusterBarrier q_free;             // Q's buffer (O's in the epilogue) may be refilled
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
   };
@@ -37,10 +39,12 @@ struct ForwardKernel {
     typename Mainloop::Params mainloop;
     typename Epilogue::Params epilogue;
     Mask mask;
+    typename Scheduler::Params scheduler;
   };
 
   static Params to_params(detail::ForwardParams const& p) {
-    return {Mainloop::to_params(p), Epilogue::to_params(p), Mask{p.seqlen_q, p.seqlen_k}};
+    return {Mainloop::to_params(p), Epilogue::to_params(p), Mask{p.seqlen_q, p.seqlen_k},
+            Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch)};
   }
 
   static int num_m_blocks(detail::ForwardParams const& p) {
@@ -51,11 +55,19 @@ struct ForwardKernel {
     using namespace cute;
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
     auto const role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
-    ForwardTile const tile = Scheduler::tile();
-    int const n_block_end =
-        params.mask.template n_block_end<Mainloop::kBlockM, Mainloop::kBlockN>(tile.m_block);
+    auto const n_block_end = [&](ForwardTile const& tile) {
+      return params.mask.template n_block_end<Mainloop::kBlockM, Mainloop::kBlockN>(tile.m_block);
+    };
+    // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
+    auto const next_tile_loads = [&](int64_t index) {
+      int64_t const next = Scheduler::next_tile(index);
+      return next < params.scheduler.num_tiles && n_block_end(Scheduler::tile(params.scheduler, next)) > 0;
+    };
 
-    if (threadIdx.x == 0) shared.q_full.init(/*arrive_count=*/1);
+    if (threadIdx.x == 0) {
+      shared.q_full.init(/*arrive_count=*/1);
+      shared.q_free.init(/*arrive_count=*/1);
+    }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = Mainloop::kKVTileBytes;
     pipeline_params.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
@@ -68,32 +80,57 @@ struct ForwardKernel {
     // Every barrier is initialised before any thread waits on or arrives at one.
     __syncthreads();
 
+    // Q's buffer is handed back and forth once per loading tile: the epilogue of the tile before a
+    // loading tile releases it (q_free), the producer refills it (q_full). Both sides walk the same
+    // tiles and count the hand-overs the same way, so neither runs two phases ahead of the other.
     if (role == WarpGroupRole::kProducer) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-      if (threadIdx.x == 0 && n_block_end > 0) {
+      if (threadIdx.x == 0) {
         Mainloop::prefetch_tma_descriptors(params.mainloop);
-        Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, tile.m_block,
-                       tile.head, tile.batch, n_block_end);
+        typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+        int q_free_phase = 0;
+        bool first = true;
+        for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
+             index = Scheduler::next_tile(index), first = false) {
+          ForwardTile const tile = Scheduler::tile(params.scheduler, index);
+          int const n_end = n_block_end(tile);
+          if (n_end <= 0) continue;
+          // The CTA's first tile finds the buffer unused; later ones wait for the previous epilogue.
+          auto const wait_q_free = [&] {
+            if (first) return;
+            shared.q_free.wait(q_free_phase);
+            q_free_phase ^= 1;
+          };
+          Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
+                         tile.head, tile.batch, n_end, wait_q_free);
+        }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
       int const consumer = static_cast<int>(role) - static_cast<int>(WarpGroupRole::kConsumer0);
       int const thread_idx = threadIdx.x - kThreadsPerWarpGroup;
-      typename Mainloop::TiledMmaPV mma_pv;
-      Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDim>{});
-      clear(o_accum);
-      constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
-      OnlineSoftmax<kRows> softmax(params.mainloop.softmax_scale_log2);
-
-      MmaScheduler::init(consumer);
-      if (n_block_end > 0) {
-        Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, pipeline_k, pipeline_v,
-                      o_accum, softmax, thread_idx, consumer, tile.m_block, n_block_end);
+      typename Mainloop::PipelineState read;
+      int q_full_phase = 0;
+      Mainloop::MmaTurns::init(consumer);
+      for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
+           index = Scheduler::next_tile(index)) {
+        ForwardTile const tile = Scheduler::tile(params.scheduler, index);
+        int const n_end = n_block_end(tile);
+        typename Mainloop::TiledMmaPV mma_pv;
+        Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDim>{});
+        clear(o_accum);
+        constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
+        OnlineSoftmax<kRows> softmax(params.mainloop.softmax_scale_log2);
+        if (n_end > 0) {
+          Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, q_full_phase, pipeline_k,
+                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, n_end);
+          q_full_phase ^= 1;
+        }
+        auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.softmax_scale);
+        Epilogue::store(params.epilogue, shared.tensors.q.data(), o_accum, lse, thread_idx, tile.m_block, tile.head,
+                        tile.batch, shared.q_free, next_tile_loads(index));
       }
-      MmaScheduler::finish(consumer);
-      auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.softmax_scale);
-      Epilogue::store(params.epilogue, shared.tensors.q.data(), o_accum, lse, thread_idx, tile.m_block,
-                      tile.head, tile.batch);
+      Mainloop::MmaTurns::finish(consumer);
     }
   }
 };

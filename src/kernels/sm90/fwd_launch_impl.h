@@ -15,18 +15,18 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 
-  if (p.nheads > Scheduler::kMaxGridYZ || p.batch > Scheduler::kMaxGridYZ) {
-    return {StatusCode::kNotSupported, "nheads (" + std::to_string(p.nheads) + ") and batch (" +
-                                           std::to_string(p.batch) + ") must each be at most 65535"};
+  int num_sms = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, p.device);
+  if (err != cudaSuccess) {
+    return {StatusCode::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(err)};
   }
   typename Kernel::Params const params = Kernel::to_params(p);
   auto const kernel = forward_kernel<Kernel>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
   }
-  kernel<<<Scheduler::grid(Kernel::num_m_blocks(p), p.nheads, p.batch), kForwardThreads, Kernel::kSharedBytes,
-           stream>>>(params);
+  kernel<<<Scheduler::grid(params.scheduler, num_sms), kForwardThreads, Kernel::kSharedBytes, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err)};

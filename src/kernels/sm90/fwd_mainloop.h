@@ -27,6 +27,7 @@ struct ForwardMainloop {
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
   static_assert(kBlockM == 64 * kConsumerWarpGroups, "each consumer warpgroup owns one 64-row wgmma atom");
+  using MmaTurns = MmaScheduler<kTile.mma_pingpong>;
 
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
@@ -123,11 +124,14 @@ struct ForwardMainloop {
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
 
-  // Producer, one thread: Q once, then K and V of key tiles n_block_end - 1 down to 0, each into
-  // the next free stage of its ring.
+  // Producer, one thread, for one tile that visits key tiles [0, n_block_end): the K and V of key
+  // tiles n_block_end - 1 down to 0, each into the next free stage of its ring, and Q. The first
+  // K/V pair goes out before Q, whose buffer may still hold the previous tile's O: `wait_q_free`
+  // returns once the epilogue has released it.
+  template <class WaitQFree>
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, cutlass::arch::ClusterTransactionBarrier& q_full,
-                                  Pipeline& pipeline_k, Pipeline& pipeline_v, int m_block, int head,
-                                  int batch, int n_block_end) {
+                                  Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& write, int m_block,
+                                  int head, int batch, int n_block_end, WaitQFree const& wait_q_free) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});   // (kBlockM, d)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});  // (kBlockN, d, stage)
@@ -152,12 +156,7 @@ struct ForwardMainloop {
     Tensor tVgV = tma_v.partition_S(gV);
     Tensor tVsV = tma_v.partition_D(sV);
 
-    using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
-    q_full.arrive_and_expect_tx(kQBytes);
-    copy(params.tma_q.with(reinterpret_cast<BarrierType&>(q_full)), tQgQ, tQsQ);
-
-    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-    for (int n_block = n_block_end - 1; n_block >= 0; --n_block) {
+    auto load_kv = [&](int n_block) {
       pipeline_k.producer_acquire(write);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, _, _, n_block),
            tKsK(_, _, _, write.index()));
@@ -165,19 +164,28 @@ struct ForwardMainloop {
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, _, _, n_block),
            tVsV(_, _, _, write.index()));
       ++write;
-    }
+    };
+    load_kv(n_block_end - 1);
+    wait_q_free();
+    using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+    q_full.arrive_and_expect_tx(kQBytes);
+    copy(params.tma_q.with(reinterpret_cast<BarrierType&>(q_full)), tQgQ, tQsQ);
+    for (int n_block = n_block_end - 2; n_block >= 0; --n_block) load_kv(n_block);
   }
 
   // Consumer warpgroup `consumer` (thread_idx in [0, 256) over both consumers): accumulates the
-  // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`.
+  // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`. `q_phase`
+  // is the phase of q_full that this tile's Q completes; `k_read` is the next K/V stage to read and
+  // is left past this tile's key tiles.
   //
   // Intra-warpgroup overlap: S of tile n is issued before P V of tile n + 1, so the softmax of
   // tile n runs while the tensor cores do P V; O is rescaled once that GEMM has retired.
   template <class OAccum, class Softmax>
   static CUTLASS_DEVICE void mma(Params const& params, SharedStorage& smem, Mask const& mask,
-                                 cutlass::arch::ClusterTransactionBarrier& q_full, Pipeline& pipeline_k,
-                                 Pipeline& pipeline_v, OAccum& o_accum, Softmax& softmax, int thread_idx,
-                                 int consumer, int m_block, int n_block_end) {
+                                 cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
+                                 Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
+                                 OAccum& o_accum, Softmax& softmax, int thread_idx, int consumer, int m_block,
+                                 int n_block_end) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
@@ -205,13 +213,12 @@ struct ForwardMainloop {
     Tensor s_first = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});  // (MMA, MMA_M, MMA_N)
     Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_first.layout()));
 
-    PipelineState k_read;  // the K tile of the current iteration
-    q_full.wait(0);
+    q_full.wait(q_phase);
     int n_block = n_block_end - 1;
-    MmaScheduler::wait_turn(consumer);
+    MmaTurns::wait_turn(consumer);
     pipeline_k.consumer_wait(k_read);
     warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_first);
-    MmaScheduler::pass_turn(consumer);
+    MmaTurns::pass_turn(consumer);
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_read);
     {
@@ -229,13 +236,13 @@ struct ForwardMainloop {
     typename Softmax::RowValues o_scale = Softmax::unit_factors();
     auto step = [&](int n_block, auto needs_mask) {
       Tensor s_accum = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
-      MmaScheduler::wait_turn(consumer);
+      MmaTurns::wait_turn(consumer);
       pipeline_k.consumer_wait(k_read);
       warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_accum);
       Softmax::rescale(rowcol_view(o_accum), o_scale);
       pipeline_v.consumer_wait(v_read);
       warpgroup_gemm<false, -1>(mma_pv, p_regs, tOrV(_, _, _, v_read.index()), o_accum);
-      MmaScheduler::pass_turn(consumer);
+      MmaTurns::pass_turn(consumer);
       warpgroup_wait<1>();  // S retired; P V may still run
       pipeline_k.consumer_release(k_read);
       Tensor scores = scores_of(s_accum, n_block, needs_mask);

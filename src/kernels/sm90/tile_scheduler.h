@@ -1,6 +1,10 @@
-// Maps CTAs to work tiles. For now one CTA per (query tile, head, batch): grid (m_blocks, nheads,
-// batch), query tiles fastest so that the CTAs resident together share one head's K/V in L2.
+// Static persistent tile scheduler: the grid has at most one CTA per SM, and CTA c takes the work
+// tiles c, c + gridDim.x, c + 2 gridDim.x, ... A work tile is one 128-row query tile of one head.
+// Tiles are numbered with the query tile fastest, so that the CTAs working at the same time share
+// one head's K/V in L2; with causal masking each head's last (longest) query tiles come first.
 #pragma once
+
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 #include <cutlass/cutlass.h>
@@ -12,17 +16,27 @@ struct ForwardTile {
 };
 
 template <bool kLongestFirst>
-struct SingleTileScheduler {
-  static dim3 grid(int num_m_blocks, int nheads, int batch) {
-    return dim3(static_cast<unsigned>(num_m_blocks), static_cast<unsigned>(nheads), static_cast<unsigned>(batch));
-  }
-  static constexpr int kMaxGridYZ = 65535;
+struct StaticPersistentScheduler {
+  struct Params {
+    int num_m_blocks, nheads;
+    int64_t num_tiles;
+  };
 
-  // With causal masking the last query tiles see the most keys: launching them first keeps the
-  // tail of the grid short.
-  static CUTLASS_DEVICE ForwardTile tile() {
-    int const m_block = kLongestFirst ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    return {m_block, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  static Params to_params(int num_m_blocks, int nheads, int batch) {
+    return {num_m_blocks, nheads, int64_t(num_m_blocks) * nheads * batch};
+  }
+  static dim3 grid(Params const& params, int num_sms) {
+    return dim3(static_cast<unsigned>(params.num_tiles < num_sms ? params.num_tiles : num_sms));
+  }
+
+  static CUTLASS_DEVICE int64_t first_tile() { return blockIdx.x; }
+  static CUTLASS_DEVICE int64_t next_tile(int64_t index) { return index + gridDim.x; }
+
+  static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
+    int const m = static_cast<int>(index % params.num_m_blocks);
+    int64_t const head_batch = index / params.num_m_blocks;
+    return {kLongestFirst ? params.num_m_blocks - 1 - m : m, static_cast<int>(head_batch % params.nheads),
+            static_cast<int>(head_batch / params.nheads)};
   }
 };
 
