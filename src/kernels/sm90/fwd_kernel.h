@@ -23,7 +23,9 @@ struct ForwardKernel {
   using Epilogue = Epilogue_;
   using Mask = typename Mainloop::Mask;
   using Pipeline = typename Mainloop::Pipeline;
-  using Scheduler = StaticPersistentScheduler<Mask::kIsCausal>;
+  // Causal tiles differ in cost and balance best CTA by CTA; equal tiles run persistently.
+  using Scheduler = cute::conditional_t<Mask::kIsCausal, SingleTileScheduler</*kLongestFirst=*/true>,
+                                        StaticPersistentScheduler</*kLongestFirst=*/false>>;
 
   struct SharedStorage {
     typename Mainloop::SharedStorage tensors;

@@ -1,0 +1,58 @@
+// Host tests of the sm90 forward tile configuration: every (head dim, mask) choice must fit the
+// hardware limits that the kernel relies on.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "kernels/sm90/tile_config.h"
+
+namespace {
+
+using flashhop::sm90::forward_tile_config;
+using flashhop::sm90::ForwardTileConfig;
+
+constexpr int kSharedBytesPerCta = 227 * 1024;  // sm_90 opt-in limit for one CTA
+constexpr int kElementBytes = 2;                // bf16 / fp16
+
+struct ConfigCase {
+  int head_dim;
+  bool causal;
+};
+
+class TileConfig : public ::testing::TestWithParam<ConfigCase> {};
+
+TEST_P(TileConfig, FitsTheKernelsLimits) {
+  const ConfigCase c = GetParam();
+  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.causal);
+  // Two consumer warpgroups of one 64-row wgmma atom each.
+  EXPECT_EQ(config.block_m, 128);
+  // S = Q K^T uses block_n as the wgmma N (a multiple of 8, at most 256); P V uses it as the K of
+  // 16-wide register-A wgmma steps.
+  EXPECT_EQ(config.block_n % 16, 0) << config.block_n;
+  EXPECT_GE(config.block_n, 16);
+  EXPECT_LE(config.block_n, 256);
+  // At least double buffering, so TMA loads overlap the GEMMs.
+  EXPECT_GE(config.stages, 2);
+  // Q (O reuses it) and `stages` K and V tiles, plus a little for the mbarriers.
+  const int tensor_bytes =
+      (config.block_m * c.head_dim + 2 * config.stages * config.block_n * c.head_dim) * kElementBytes;
+  EXPECT_LE(tensor_bytes + 1024, kSharedBytesPerCta) << "block_n " << config.block_n;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
+                         ::testing::Values(ConfigCase{64, false}, ConfigCase{64, true}, ConfigCase{128, false},
+                                           ConfigCase{128, true}, ConfigCase{256, false}, ConfigCase{256, true}),
+                         [](const ::testing::TestParamInfo<ConfigCase>& info) {
+                           return "d" + std::to_string(info.param.head_dim) +
+                                  (info.param.causal ? "_causal" : "_full");
+                         });
+
+TEST(TileConfigSelection, CausalNeverUsesWiderKeyTilesThanNonCausal) {
+  // Wider key tiles waste more of the diagonal tile under a causal mask.
+  for (int head_dim : {64, 128, 256}) {
+    EXPECT_LE(forward_tile_config(head_dim, true).block_n, forward_tile_config(head_dim, false).block_n)
+        << head_dim;
+  }
+}
+
+}  // namespace
