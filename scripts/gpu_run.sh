@@ -12,6 +12,7 @@
 #     sass    cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
 # Environment:
 #   OUT                 where the logs go (set on the device machine; default ./gpu_out)
+#   FLASHHOP_COMMIT     commit to record when the tree travels without .git
 #   BUILD_DIR           build folder (default build-gpu)
 #   SKIP_BUILD=1        take BUILD_DIR as it is (e.g. a build carried from another machine)
 #   CUTLASS_DIR         CUTLASS include dir (default .deps/cutlass/include from scripts/fetch_cutlass.sh
@@ -46,7 +47,7 @@ demangle() {
 }
 
 note "flashhop gpu_run.sh $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-note "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo 'unknown (no git here)')"
+note "commit: ${FLASHHOP_COMMIT:-$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null || echo 'unknown (no git here; set FLASHHOP_COMMIT)')}"
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null || echo 'nvidia-smi failed')"
 note "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'not found')"
 note "cmake: $(cmake --version 2>/dev/null | head -1); ninja $(ninja --version 2>/dev/null); $(nproc) cores"
