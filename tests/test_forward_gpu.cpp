@@ -309,6 +309,66 @@ TEST_P(ForwardGpuLayout, WithoutLse) {
 INSTANTIATE_TEST_SUITE_P(Layouts, ForwardGpuLayout, ::testing::ValuesIn(layout_cases()),
                          [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
 
+// ---- determinism: repeated calls give bitwise identical outputs -----------------------------------
+
+struct RepeatCase {
+  DType dtype;
+  bool causal;
+  Problem problem;
+};
+
+using ForwardGpuRepeat = GpuTestWithParam<RepeatCase>;
+
+TEST_P(ForwardGpuRepeat, RepeatedCallsAreBitwiseIdentical) {
+  const RepeatCase& c = GetParam();
+  const ForwardPlan plan = contiguous_plan(c.problem, c.dtype);
+  std::mt19937 rng(std::random_device{}());
+  std::vector<std::vector<unsigned char>> host;
+  for (std::size_t i = 0; i < plan.buffer_dtypes.size(); ++i) {
+    host.push_back(poisoned_storage(plan.buffer_dtypes[i], plan.buffer_elements[i]));
+  }
+  scatter(random_normal(c.problem.q_elements(), c.dtype, rng), plan.q, &host[plan.q.buffer]);
+  scatter(random_normal(c.problem.kv_elements(), c.dtype, rng), plan.k, &host[plan.k.buffer]);
+  scatter(random_normal(c.problem.kv_elements(), c.dtype, rng), plan.v, &host[plan.v.buffer]);
+  std::vector<DeviceBuffer> device;
+  std::vector<void*> bases;
+  for (const std::vector<unsigned char>& image : host) {
+    device.emplace_back(image.size());
+    device.back().upload(image);
+    bases.push_back(device.back().data());
+  }
+  const flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.causal);
+
+  std::vector<unsigned char> first_o, first_lse;
+  for (int run = 0; run < 3; ++run) {
+    device[plan.o.buffer].upload(host[plan.o.buffer]);  // poison again: every run writes everything
+    device[plan.lse.buffer].upload(host[plan.lse.buffer]);
+    const Status status = flashhop::forward(args, nullptr, 0, nullptr);
+    if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
+    ASSERT_TRUE(status.ok()) << status.message;
+    cuda_check(cudaDeviceSynchronize(), "forward");
+    if (run == 0) {
+      first_o = device[plan.o.buffer].download();
+      first_lse = device[plan.lse.buffer].download();
+    } else {
+      EXPECT_TRUE(device[plan.o.buffer].download() == first_o) << "O differs in run " << run;
+      EXPECT_TRUE(device[plan.lse.buffer].download() == first_lse) << "LSE differs in run " << run;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Repeat, ForwardGpuRepeat,
+    ::testing::Values(RepeatCase{DType::kBFloat16, false, {2, 1100, 1100, 16, 4, 128}},
+                      RepeatCase{DType::kBFloat16, true, {2, 1100, 300, 16, 4, 128}},
+                      RepeatCase{DType::kFloat16, true, {1, 2048, 2048, 8, 1, 256}},
+                      RepeatCase{DType::kFloat16, false, {3, 513, 777, 32, 8, 64}}),
+    [](const ::testing::TestParamInfo<RepeatCase>& info) {
+      const RepeatCase& c = info.param;
+      return std::string(short_name(c.dtype)) + "_d" + std::to_string(c.problem.head_dim) +
+             (c.causal ? "_causal" : "_full");
+    });
+
 // ---- device checks of forward() ------------------------------------------------------------------
 
 using ForwardGpuDeviceChecks = RequiresGpu;
