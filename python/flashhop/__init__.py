@@ -1,0 +1,16 @@
+"""flashhop: exact attention forward kernels for NVIDIA Hopper GPUs, as PyTorch operators.
+
+    import flashhop
+    out = flashhop.flash_attn_func(q, k, v, causal=True)           # (batch, seqlen, nheads, head_dim)
+    out = flashhop.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nheads, seqlen, head_dim)
+
+The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (the latter not implemented yet).
+"""
+try:
+    import torch  # noqa: F401
+except ImportError as error:
+    raise ImportError("flashhop needs PyTorch: install torch (a CUDA build) first") from error
+
+from .interface import flash_attn_func, scaled_dot_product_attention
+
+__all__ = ["flash_attn_func", "scaled_dot_product_attention"]

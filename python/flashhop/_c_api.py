@@ -1,0 +1,111 @@
+"""ctypes bindings to the flashhop C API (include/flashhop/flashhop_c.h), from the shared library
+that `pip install .` puts next to this file.
+
+The library validates every argument itself and explains what is wrong; this module only turns
+tensors into descriptors and status codes into Python exceptions.
+"""
+import ctypes
+import pathlib
+
+import torch
+
+_LIBRARY_PATH = pathlib.Path(__file__).with_name("libflashhop_c.so")
+_MAX_RANK = 4
+
+# flashhop_dtype_t
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+# flashhop_status_t
+_SUCCESS = 0
+_INVALID_ARGUMENT = 1
+_NOT_SUPPORTED = 2
+
+
+class _Tensor(ctypes.Structure):
+    """flashhop_tensor_t."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("shape", ctypes.c_int64 * _MAX_RANK),
+        ("stride", ctypes.c_int64 * _MAX_RANK),
+        ("device", ctypes.c_int),
+    ]
+
+
+class _ForwardArgs(ctypes.Structure):
+    """flashhop_forward_args_t."""
+
+    _fields_ = [
+        ("q", _Tensor),
+        ("k", _Tensor),
+        ("v", _Tensor),
+        ("o", _Tensor),
+        ("lse", ctypes.POINTER(_Tensor)),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+    ]
+
+
+def _load_library():
+    try:
+        library = ctypes.CDLL(str(_LIBRARY_PATH))
+    except OSError as error:
+        raise ImportError(
+            f"flashhop: cannot load its compiled library {_LIBRARY_PATH} ({error}); "
+            "install the package with `pip install .` from the repository root") from error
+    args = ctypes.POINTER(_ForwardArgs)
+    library.flashhop_forward_workspace_size.argtypes = [args, ctypes.POINTER(ctypes.c_size_t)]
+    library.flashhop_forward_workspace_size.restype = ctypes.c_int
+    library.flashhop_forward.argtypes = [args, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    library.flashhop_forward.restype = ctypes.c_int
+    library.flashhop_last_error.argtypes = []
+    library.flashhop_last_error.restype = ctypes.c_char_p
+    return library
+
+
+_library = _load_library()
+
+
+def _check(status):
+    if status == _SUCCESS:
+        return
+    message = "flashhop: " + _library.flashhop_last_error().decode(errors="replace")
+    if status == _INVALID_ARGUMENT:
+        raise ValueError(message)
+    if status == _NOT_SUPPORTED:
+        raise NotImplementedError(message)
+    raise RuntimeError(message)
+
+
+def _describe(name, tensor):
+    """A flashhop_tensor_t viewing `tensor`; ranks above 4 are recorded for the library to reject."""
+    if tensor.dtype not in _DTYPES:
+        raise ValueError(f"flashhop: {name}.dtype = {tensor.dtype}: expected torch.float16 or torch.bfloat16")
+    desc = _Tensor(data=tensor.data_ptr(), dtype=_DTYPES[tensor.dtype], rank=tensor.dim(),
+                   device=tensor.device.index)
+    for d in range(min(tensor.dim(), _MAX_RANK)):
+        desc.shape[d] = tensor.shape[d]
+        desc.stride[d] = tensor.stride(d)
+    return desc
+
+
+def forward(q, k, v, out, lse, softmax_scale, causal):
+    """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
+    be the current device."""
+    if softmax_scale == 0.0:
+        # The C API cannot carry a scale of 0: it reads 0 as "use the default".
+        raise ValueError("flashhop: softmax_scale = 0.0 is not supported; pass None for 1/sqrt(head_dim)")
+    lse_desc = _describe("lse", lse)
+    args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
+                        lse=ctypes.pointer(lse_desc),
+                        softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal))
+    workspace_bytes = ctypes.c_size_t()
+    _check(_library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
+    # From PyTorch's caching allocator on the kernel's stream: once freed, the block goes only to
+    # later allocations on that stream, whose work runs after this kernel.
+    workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _check(_library.flashhop_forward(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value,
+                                     stream))

@@ -1,0 +1,83 @@
+"""The PyTorch operators flashhop::fwd and flashhop::bwd, registered with torch.library.
+
+Their fake implementations give torch.compile the output shapes without running anything, so a
+compiled model traces through them with no graph break. The CUDA implementation allocates through
+the caching allocator and launches on the current stream, so CUDA graphs capture it.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _c_api
+
+_LAYOUTS = {"q": "(batch, seqlen_q, nheads, head_dim)", "v": "(batch, seqlen_k, nheads_kv, head_dim_v)"}
+
+
+def _empty_outputs(q, v):
+    """out (batch, seqlen_q, nheads, head_dim_v) in q's dtype and lse (batch, nheads, seqlen_q) in
+    float32. The library checks every other property of the arguments; only the ranks that these
+    shapes are read from are checked here, before anything is allocated."""
+    for name, tensor in (("q", q), ("v", v)):
+        if tensor.dim() != 4:
+            raise ValueError(f"flashhop: {name}.rank = {tensor.dim()}: expected 4 {_LAYOUTS[name]}")
+    batch, seqlen_q, nheads, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashhop::fwd", mutates_args=())
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
+        causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out = softmax(softmax_scale * q k^T) v and lse = logsumexp(softmax_scale * q k^T) per query
+    row, in FlashAttention's layout; causal masks are aligned to the bottom-right corner."""
+    # Registered for every device type so that a tensor elsewhere gets this message rather than the
+    # dispatcher's "could not run with arguments from the CPU backend".
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    out, lse = _empty_outputs(q, v)
+    with torch.cuda.device(q.device):
+        _c_api.forward(q, k, v, out, lse, softmax_scale, causal)
+    return out, lse
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal):
+    return _empty_outputs(q, v)
+
+
+# The missing backward is an operator of its own, with shapes for the tracer, rather than an
+# exception in the autograd formula: torch.compile traces the backward of a model whose inputs
+# require grad while compiling its forward, and that must succeed for models that only run forward.
+@torch.library.custom_op("flashhop::bwd", mutates_args=())
+def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, softmax_scale: Optional[float],
+        causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of q, k and v from the gradient of out."""
+    raise NotImplementedError(
+        "flashhop: the backward pass is not implemented yet (the library has forward kernels only); "
+        "run flashhop under torch.no_grad() or torch.inference_mode(), or with inputs that do not "
+        "require grad")
+
+
+@bwd.register_fake
+def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, softmax_scale, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+
+
+def _fwd_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
+    return grad_q, grad_k, grad_v, None, None
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)

@@ -1,0 +1,79 @@
+"""Shared by the flashhop tests: the GPU requirement, an fp32 reference and FlashAttention's
+tolerance rule. Imported by the test modules after they have skipped themselves without torch."""
+import math
+
+import pytest
+import torch
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+requires_hopper = pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90) and a CUDA build of PyTorch")
+
+
+def random_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dtype=torch.bfloat16):
+    """Fresh random q, k, v in FlashAttention's layout on the current GPU."""
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+    return (randn(batch, seqlen_q, nheads, head_dim), randn(batch, seqlen_k, nheads_kv, head_dim),
+            randn(batch, seqlen_k, nheads_kv, head_dim))
+
+
+def attention_reference(q, k, v, softmax_scale=None, causal=False, top_left=False, dtype=torch.float32):
+    """Plain PyTorch attention in `dtype` over FlashAttention's layout: out (batch, seqlen_q,
+    nheads, head_dim) in `dtype` and lse (batch, nheads, seqlen_q) in float32. In float32 it is the
+    reference; in the inputs' dtype it is the same-precision baseline of the tolerance rule.
+    The causal mask is built here: aligned to the bottom-right corner, or with top_left to the
+    top-left one (as torch's scaled_dot_product_attention)."""
+    seqlen_q, nheads, head_dim = q.shape[1:]
+    seqlen_k, nheads_kv = k.shape[1:3]
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    group = nheads // nheads_kv
+    q = q.to(dtype)
+    k = k.to(dtype).repeat_interleave(group, dim=2)
+    v = v.to(dtype).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        last_visible = torch.arange(seqlen_q, device=q.device)[:, None] + (0 if top_left else seqlen_k - seqlen_q)
+        hidden = torch.arange(seqlen_k, device=q.device)[None, :] > last_visible
+        scores = scores.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1)
+    # A row that sees no key: softmax gives NaN, the kernels give 0.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
+
+
+def _assert_within(name, got, reference, baseline, abs_term):
+    """max |got - reference| <= 2 max |baseline - reference| + abs_term, with -inf where the
+    reference has -inf and no NaN anywhere."""
+    got, reference, baseline = got.float(), reference.float(), baseline.float()
+    assert got.shape == reference.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(reference.shape)}"
+    assert not got.isnan().any(), f"{name}: NaN in the result"
+    infinite = reference.isinf()
+    assert torch.equal(got.isinf(), infinite), f"{name}: -inf at other positions than in the reference"
+    if infinite.all():
+        return
+    error = (got - reference)[~infinite].abs().max().item()
+    baseline_error = (baseline - reference)[~infinite].abs().max().item()
+    assert error <= 2 * baseline_error + abs_term, (
+        f"{name}: max error {error:.3g} > 2 x {baseline_error:.3g} (same-precision PyTorch) + {abs_term:.3g}")
+
+
+def assert_matches_reference(out, lse, q, k, v, **mask):
+    """FlashAttention's rule: flashhop's error against the fp32 reference is at most twice that of
+    plain attention in the inputs' precision, plus one unit of that precision (out) or a small
+    fp32 term (lse)."""
+    out_ref, lse_ref = attention_reference(q, k, v, **mask)
+    out_base, lse_base = attention_reference(q, k, v, dtype=q.dtype, **mask)
+    _assert_within("out", out, out_ref, out_base, torch.finfo(q.dtype).eps)
+    if lse is not None:
+        _assert_within("lse", lse, lse_ref, lse_base, 1e-4)
+
+
+def skip_unless_built(call, *args, **kwargs):
+    """call(*args, **kwargs), skipping the test when the installed build left out the kernel it
+    needs (FLASHHOP_DTYPES / FLASHHOP_HEAD_DIMS)."""
+    try:
+        return call(*args, **kwargs)
+    except NotImplementedError as error:
+        if "not compiled into this build" in str(error):
+            pytest.skip(str(error))
+        raise

@@ -1,0 +1,114 @@
+"""Every bad input gets an exception that names what is wrong, and nothing runs."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashhop  # noqa: E402
+from helpers import HOPPER, random_qkv, requires_hopper  # noqa: E402
+
+
+def _inputs(device="cuda"):
+    """Valid q, k, v; on the CPU where there is no GPU, for the checks that come before any launch."""
+    if device == "cuda" and not HOPPER:
+        device = "cpu"
+    shape = (2, 33, 4, 128)
+    return tuple(torch.randn(*shape, dtype=torch.bfloat16, device=device) for _ in range(3))
+
+
+@pytest.mark.parametrize("window_size", [(8, 8), (16, 0), (-1, 4), (0, -1)])
+def test_window_is_not_supported(window_size):
+    with pytest.raises(NotImplementedError, match=r"window_size = .*not supported yet"):
+        flashhop.flash_attn_func(*_inputs(), window_size=window_size)
+
+
+def test_softcap_is_not_supported():
+    with pytest.raises(NotImplementedError, match="softcap = 30.0: soft-capping is not supported yet"):
+        flashhop.flash_attn_func(*_inputs(), softcap=30.0)
+
+
+def test_sdpa_unsupported_arguments():
+    q, k, v = (t.transpose(1, 2) for t in _inputs())
+    with pytest.raises(NotImplementedError, match="attn_mask is not supported"):
+        flashhop.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(33, 33, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="dropout_p = 0.1: dropout is not supported"):
+        flashhop.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        flashhop.scaled_dot_product_attention(q, k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match=r"query.rank = 3: expected 4 \(batch, nheads, seqlen, head_dim\)"):
+        flashhop.scaled_dot_product_attention(q[0], k, v)
+
+
+def test_cpu_tensors_are_rejected():
+    q, k, v = _inputs("cpu")
+    with pytest.raises(ValueError, match="flashhop: q is on cpu: expected a CUDA tensor"):
+        flashhop.flash_attn_func(q, k, v)
+
+
+@requires_hopper
+def test_tensor_on_the_cpu_among_cuda_ones():
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match="flashhop: v is on cpu: expected a CUDA tensor"):
+        flashhop.flash_attn_func(q, k, v.cpu())
+
+
+@requires_hopper
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_different_gpus():
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match=r"k.device = 1: expected 0 \(q.device\)"):
+        flashhop.flash_attn_func(q, k.to("cuda:1"), v)
+
+
+# (what to do to valid bf16 inputs (q, k, v), the exception, a pattern of its message)
+BAD_INPUTS = {
+    "dtype_mismatch": (lambda q, k, v: (q, k.half(), v), ValueError,
+                       r"k.dtype = float16: expected bfloat16 \(the dtype of q\)"),
+    "float32": (lambda q, k, v: (q.float(), k.float(), v.float()), ValueError,
+                "q.dtype = float32: expected float16 or bfloat16"),
+    "float64": (lambda q, k, v: (q.double(), k, v), ValueError,
+                "q.dtype = torch.float64: expected torch.float16 or torch.bfloat16"),
+    "head_dim_96": (lambda q, k, v: (q[..., :96], k[..., :96], v[..., :96]), NotImplementedError,
+                    r"q.shape\[3\] \(head_dim\) = 96: supported head dims are 64, 128 and 256"),
+    "head_dim_v": (lambda q, k, v: (q, k, v[..., :64]), NotImplementedError,
+                   r"only head_dim_v == head_dim \(128\) is supported"),
+    "nheads_kv": (lambda q, k, v: (q, k[:, :, :3], v[:, :, :3]), ValueError,
+                  r"k.shape\[2\] \(nheads_kv\) = 3: nheads \(4\) must be a multiple of it"),
+    "batch": (lambda q, k, v: (q, k[:1], v[:1]), ValueError, r"k.shape\[0\] \(batch\) = 1: expected 2"),
+    "seqlen_v": (lambda q, k, v: (q, k, v[:, :7]), ValueError, r"v.shape\[1\] \(seqlen_k\) = 7: expected 33"),
+    "rank_q": (lambda q, k, v: (q[0], k, v), ValueError, "q.rank = 3: expected 4"),
+    "rank_k": (lambda q, k, v: (q, k[0], v), ValueError, "k.rank = 3: expected 4"),
+    "last_dim_strided": (lambda q, k, v: (q, k, torch.cat([v, v], dim=-1)[..., ::2]), ValueError,
+                         "v.stride\\[3\\] = 2: expected 1 \\(the last dimension must be contiguous\\)"),
+    "unaligned_rows": (lambda q, k, v: (torch.cat([q, q[..., :4]], dim=-1)[..., :128], k, v), ValueError,
+                       r"q.stride\[2\] = 132: expected a positive multiple of 8 elements"),
+    "broadcast_kv": (lambda q, k, v: (q, k[:, :, :1].expand(-1, -1, 4, -1), v), ValueError,
+                     r"k.stride\[2\] = 0: expected a positive multiple of 8 elements"),
+}
+
+
+@requires_hopper
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input(case):
+    make, exception, message = BAD_INPUTS[case]
+    with pytest.raises(exception, match=message):
+        flashhop.flash_attn_func(*make(*_inputs()))
+
+
+@requires_hopper
+@pytest.mark.parametrize("softmax_scale,message", [
+    (-0.5, r"softmax_scale = -0.5: expected a finite value >= 0"),
+    (float("nan"), r"softmax_scale = nan: expected a finite value >= 0"),
+    (0.0, r"softmax_scale = 0.0 is not supported; pass None for 1/sqrt\(head_dim\)"),
+])
+def test_bad_softmax_scale(softmax_scale, message):
+    with pytest.raises(ValueError, match=message):
+        flashhop.flash_attn_func(*_inputs(), softmax_scale)
+
+
+@requires_hopper
+def test_failed_call_leaves_the_device_usable():
+    q, k, v = random_qkv(1, 10, 10, 2, 2, 128)
+    with pytest.raises(NotImplementedError):
+        flashhop.flash_attn_func(q[..., :96], k[..., :96], v[..., :96])
+    flashhop.flash_attn_func(q, k, v)
+    torch.cuda.synchronize()

@@ -1,0 +1,100 @@
+"""flashhop inside PyTorch's machinery: operator registration, torch.compile(fullgraph=True),
+CUDA graph capture and replay, autograd."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashhop  # noqa: E402
+from helpers import random_qkv, requires_hopper  # noqa: E402
+
+
+def test_fake_implementation_gives_output_shapes():
+    q = torch.empty(2, 5, 8, 128, dtype=torch.bfloat16, device="meta")
+    k = v = torch.empty(2, 9, 2, 128, dtype=torch.bfloat16, device="meta")
+    out, lse = torch.ops.flashhop.fwd(q, k, v, None, True)
+    assert (out.shape, out.dtype) == ((2, 5, 8, 128), torch.bfloat16)
+    assert (lse.shape, lse.dtype) == ((2, 8, 5), torch.float32)
+
+
+@requires_hopper
+def test_opcheck():
+    q, k, v = random_qkv(2, 100, 130, 4, 2, 128)
+    torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, None, True))
+    torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, 0.5, False))
+
+
+class Attention(torch.nn.Module):
+    """A self-attention block that hands flashhop strided views of one projection."""
+
+    def __init__(self, dim=256, nheads=4, nheads_kv=2, head_dim=128):
+        super().__init__()
+        self.heads = (nheads, nheads_kv, nheads_kv)
+        self.head_dim = head_dim
+        self.qkv = torch.nn.Linear(dim, sum(self.heads) * head_dim)
+        self.proj = torch.nn.Linear(nheads * head_dim, dim)
+
+    def forward(self, x):
+        batch, seqlen, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, seqlen, -1, self.head_dim).split(self.heads, dim=2)
+        out = flashhop.flash_attn_func(q, k, v, causal=True)
+        return self.proj(out.reshape(batch, seqlen, -1))
+
+
+def _model():
+    return Attention().to(device="cuda", dtype=torch.bfloat16)
+
+
+@requires_hopper
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_fullgraph(mode):
+    torch._dynamo.reset()
+    model = _model().eval()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, mode=mode)
+    with torch.no_grad():
+        for seqlen in (100, 37, 100):  # a second length runs without a new trace (dynamic shapes)
+            x = torch.randn(2, seqlen, 256, device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-2, rtol=2e-2)
+
+
+@requires_hopper
+def test_compiled_training_forward_runs_and_backward_raises():
+    torch._dynamo.reset()
+    model = _model()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 64, 256, device="cuda", dtype=torch.bfloat16)
+    out = compiled(x)
+    torch.testing.assert_close(out, model(x), atol=2e-2, rtol=2e-2)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        out.sum().backward()
+
+
+@requires_hopper
+def test_backward_raises():
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 16, 16, 2, 2, 128))
+    out = flashhop.flash_attn_func(q, k, v)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
+        out.sum().backward()
+
+
+@requires_hopper
+def test_cuda_graph_replay_matches_eager():
+    shape = (2, 300, 333, 8, 2, 128)
+    static_inputs = random_qkv(*shape)
+    # Warm up outside the capture, on a side stream, as torch.cuda.graph asks.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashhop.flash_attn_func(*static_inputs, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = flashhop.flash_attn_func(*static_inputs, causal=True, return_attn_probs=True)
+    for _ in range(2):
+        inputs = random_qkv(*shape)
+        for static, fresh in zip(static_inputs, inputs):
+            static.copy_(fresh)
+        graph.replay()
+        expected_out, expected_lse = flashhop.flash_attn_func(*inputs, causal=True, return_attn_probs=True)
+        assert torch.equal(out, expected_out)
+        assert torch.equal(lse, expected_lse)
