@@ -1,6 +1,7 @@
 // Epilogue of the sm90 forward kernel: the normalised O accumulator goes registers -> shared memory
-// (stmatrix, into Q's buffer, which the mainloop no longer reads) -> global memory (one TMA store,
-// which also clips rows past seqlen_q); LSE is written per row by the thread that owns it.
+// (stmatrix) -> global memory (one TMA store, which also clips rows past seqlen_q); LSE is written
+// per row by the thread that owns it. O passes through a buffer of its own where shared memory has
+// room (Mainloop::kSeparateO), else through Q's buffer, which the mainloop no longer reads then.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -18,9 +19,13 @@ struct ForwardEpilogue {
   using BlockM = typename Mainloop::BlockM;
   using HeadDim = typename Mainloop::HeadDim;
   using TiledMmaPV = typename Mainloop::TiledMmaPV;
-  // O has Q's shape and shares its buffer, so it takes Q's layout: each consumer warpgroup then
-  // writes only the rows its own Q K^T GEMMs read, and no cross-warpgroup hazard arises.
+  // O has Q's shape and takes Q's layout: sharing Q's buffer, each consumer warpgroup then writes
+  // only the rows its own Q K^T GEMMs read, and no cross-warpgroup hazard arises.
   using SmemLayoutO = typename Mainloop::SmemLayoutQ;
+  static constexpr bool kOwnBuffer = Mainloop::kSeparateO;
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;
+  };
   using GmemTensor = typename Mainloop::GmemTensor;
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{},
                                             cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
@@ -48,8 +53,8 @@ struct ForwardEpilogue {
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order).
-  // thread_idx in [0, 256) over both consumer warpgroups. When `release_q` is set, the producer is
-  // waiting on `q_free` to load the next tile's Q into the buffer O passes through.
+  // thread_idx in [0, 256) over both consumer warpgroups. In Q's buffer (no kOwnBuffer), when
+  // `release_q` is set, the producer is waiting on `q_free` to load the next tile's Q there.
   template <class OAccum, class RowValues>
   static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
                                    RowValues const& lse, int thread_idx, int m_block, int head, int batch,
@@ -69,6 +74,11 @@ struct ForwardEpilogue {
     }
 
     Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});  // (kBlockM, d)
+    if constexpr (kOwnBuffer) {
+      // The previous tile's TMA store may still be reading the buffer.
+      if (thread_idx == 0) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+    }
     Tensor o_regs = make_tensor<Element>(o_accum.layout());
     convert_fragment_into(o_accum, o_regs);
     auto smem_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
@@ -86,11 +96,20 @@ struct ForwardEpilogue {
       auto tma_o = params.tma_o.get_slice(_0{});
       copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
       tma_store_arrive();
-      tma_store_wait<0>();  // the TMA has read all of O from shared memory
-      if (release_q) q_free.arrive();
+      if constexpr (!kOwnBuffer) {
+        tma_store_wait<0>();  // the TMA has read all of O from shared memory
+        if (release_q) q_free.arrive();
+      }
     }
-    // No consumer may write the next tile's O into the buffer before the TMA has read this one.
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+    if constexpr (!kOwnBuffer) {
+      // No consumer may write the next tile's O into the buffer before the TMA has read this one.
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+    }
+  }
+
+  // After the last tile: the CTA's shared memory must outlive the TMA's reads of it.
+  static CUTLASS_DEVICE void finish(int thread_idx) {
+    if (thread_idx == 0) cute::tma_store_wait<0>();
   }
 };
 

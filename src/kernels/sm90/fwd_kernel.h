@@ -22,13 +22,16 @@ struct ForwardKernel {
   using Mainloop = Mainloop_;
   using Epilogue = Epilogue_;
   using Mask = typename Mainloop::Mask;
+  using Element = typename Mainloop::Element;
   using Pipeline = typename Mainloop::Pipeline;
   // Causal tiles differ in cost and balance best CTA by CTA; equal tiles run persistently.
   using Scheduler = cute::conditional_t<Mask::kIsCausal, SingleTileScheduler</*kLongestFirst=*/true>,
                                         StaticPersistentScheduler</*kLongestFirst=*/false>>;
 
+  struct NoStorage {};
   struct SharedStorage {
     typename Mainloop::SharedStorage tensors;
+    cute::conditional_t<Epilogue::kOwnBuffer, typename Epilogue::SharedStorage, NoStorage> epilogue;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed in shared memory
     cutlass::arch::ClusterBarrier q_free;             // Q's buffer (O's in the epilogue) may be refilled
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
@@ -66,9 +69,12 @@ struct ForwardKernel {
       return next < params.scheduler.num_tiles && n_block_end(Scheduler::tile(params.scheduler, next)) > 0;
     };
 
+    // q_free is arrived by the thread that stored O from Q's buffer, or, with a buffer of its own
+    // for O, by one thread of each consumer warpgroup once it no longer reads Q.
+    constexpr int kQFreeArrivals = Epilogue::kOwnBuffer ? kConsumerWarpGroups : 1;
     if (threadIdx.x == 0) {
       shared.q_full.init(/*arrive_count=*/1);
-      shared.q_free.init(/*arrive_count=*/1);
+      shared.q_free.init(kQFreeArrivals);
     }
     typename Pipeline::Params pipeline_params;
     pipeline_params.transaction_bytes = Mainloop::kKVTileBytes;
@@ -82,9 +88,9 @@ struct ForwardKernel {
     // Every barrier is initialised before any thread waits on or arrives at one.
     __syncthreads();
 
-    // Q's buffer is handed back and forth once per loading tile: the epilogue of the tile before a
-    // loading tile releases it (q_free), the producer refills it (q_full). Both sides walk the same
-    // tiles and count the hand-overs the same way, so neither runs two phases ahead of the other.
+    // Q's buffer is handed back and forth once per loading tile: the tile before a loading tile
+    // releases it (q_free), the producer refills it (q_full). Both sides walk the same tiles and
+    // count the hand-overs the same way, so neither runs two phases ahead of the other.
     if (role == WarpGroupRole::kProducer) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
       if (threadIdx.x == 0) {
@@ -118,6 +124,12 @@ struct ForwardKernel {
            index = Scheduler::next_tile(index)) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         int const n_end = n_block_end(tile);
+        bool const release_q = next_tile_loads(index);
+        // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
+        // tile loads nothing).
+        auto const q_read_done = [&] {
+          if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
+        };
         typename Mainloop::TiledMmaPV mma_pv;
         Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDim>{});
         clear(o_accum);
@@ -125,14 +137,24 @@ struct ForwardKernel {
         OnlineSoftmax<kRows> softmax(params.mainloop.softmax_scale_log2);
         if (n_end > 0) {
           Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, q_full_phase, pipeline_k,
-                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, n_end);
+                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, n_end, q_read_done);
           q_full_phase ^= 1;
+        } else {
+          q_read_done();
         }
         auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.softmax_scale);
-        Epilogue::store(params.epilogue, shared.tensors.q.data(), o_accum, lse, thread_idx, tile.m_block, tile.head,
-                        tile.batch, shared.q_free, next_tile_loads(index));
+        Element* const smem_o = [&] {
+          if constexpr (Epilogue::kOwnBuffer) {
+            return shared.epilogue.o.data();
+          } else {
+            return shared.tensors.q.data();
+          }
+        }();
+        Epilogue::store(params.epilogue, smem_o, o_accum, lse, thread_idx, tile.m_block, tile.head, tile.batch,
+                        shared.q_free, release_q);
       }
       Mainloop::MmaTurns::finish(consumer);
+      Epilogue::finish(thread_idx);
     }
   }
 };

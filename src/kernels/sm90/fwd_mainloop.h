@@ -64,6 +64,13 @@ struct ForwardMainloop {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
   };
 
+  // O gets a buffer of its own when it fits next to Q and the K/V rings (d <= 128): the producer can
+  // then refill Q as soon as the last S GEMM has read it, while the epilogue still runs.
+  static constexpr bool kSeparateO =
+      2 * cute::cosize_v<SmemLayoutQ> * sizeof(Element) + 2 * cute::cosize_v<SmemLayoutKV> * sizeof(Element) +
+          2048 <=
+      227 * 1024;
+
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
   static constexpr std::uint32_t kQBytes = cute::size(SmemLayoutQ{}) * sizeof(Element);
@@ -176,16 +183,17 @@ struct ForwardMainloop {
   // Consumer warpgroup `consumer` (thread_idx in [0, 256) over both consumers): accumulates the
   // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`. `q_phase`
   // is the phase of q_full that this tile's Q completes; `k_read` is the next K/V stage to read and
-  // is left past this tile's key tiles.
+  // is left past this tile's key tiles. `q_read_done()` is called once this warpgroup's last S GEMM
+  // has retired, i.e. it no longer reads Q.
   //
   // Intra-warpgroup overlap: S of tile n is issued before P V of tile n + 1, so the softmax of
   // tile n runs while the tensor cores do P V; O is rescaled once that GEMM has retired.
-  template <class OAccum, class Softmax>
+  template <class OAccum, class Softmax, class QReadDone>
   static CUTLASS_DEVICE void mma(Params const& params, SharedStorage& smem, Mask const& mask,
                                  cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
                                  Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
                                  OAccum& o_accum, Softmax& softmax, int thread_idx, int consumer, int m_block,
-                                 int n_block_end) {
+                                 int n_block_end, QReadDone const& q_read_done) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
@@ -257,6 +265,7 @@ struct ForwardMainloop {
     for (--n_block; n_block >= 0 && n_block >= first_masked; --n_block) step(n_block, true_type{});
     for (; n_block >= 0; --n_block) step(n_block, false_type{});
 
+    q_read_done();
     Softmax::rescale(rowcol_view(o_accum), o_scale);
     pipeline_v.consumer_wait(v_read);
     warpgroup_gemm<false, 0>(mma_pv, p_regs, tOrV(_, _, _, v_read.index()), o_accum);
