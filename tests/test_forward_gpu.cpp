@@ -225,13 +225,14 @@ struct GridCase {
 std::vector<GridCase> grid() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head_dim is set per case. Heads are few so that
   // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
-  // The last shape has 288 query tiles, more than an H200 has SMs, so each persistent CTA walks
-  // several; with causal masking runs of them are fully masked (seqlen_q > seqlen_k).
+  // The last two shapes have more query tiles (288, 256) than an H200 has SMs, so each persistent
+  // CTA walks several; with causal masking runs of them are fully masked (seqlen_q > seqlen_k), and
+  // the 8 query tiles per head of the last one run the persistent causal schedule at every head dim.
   const Problem shapes[] = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
       {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
-      {2, 1100, 300, 16, 4},
+      {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},
   };
   std::vector<GridCase> cases;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {

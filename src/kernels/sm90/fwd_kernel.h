@@ -24,9 +24,8 @@ struct ForwardKernel {
   using Mask = typename Mainloop::Mask;
   using Element = typename Mainloop::Element;
   using Pipeline = typename Mainloop::Pipeline;
-  // Causal tiles differ in cost and balance best CTA by CTA; equal tiles run persistently.
-  using Scheduler = cute::conditional_t<Mask::kIsCausal, SingleTileScheduler</*kLongestFirst=*/true>,
-                                        StaticPersistentScheduler</*kLongestFirst=*/false>>;
+  // Equal tiles run persistently in query-tile order; causal tiles need balancing.
+  using Scheduler = cute::conditional_t<Mask::kIsCausal, CausalScheduler, StaticPersistentScheduler>;
 
   struct NoStorage {};
   struct SharedStorage {
@@ -49,7 +48,16 @@ struct ForwardKernel {
 
   static Params to_params(detail::ForwardParams const& p) {
     return {Mainloop::to_params(p), Epilogue::to_params(p), Mask{p.seqlen_q, p.seqlen_k},
-            Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch)};
+            make_scheduler_params(p)};
+  }
+
+  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p) {
+    if constexpr (Mask::kIsCausal) {
+      bool const persistent = num_m_blocks(p) <= Mainloop::kTile.causal_persistent_max_m_blocks;
+      return Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch, persistent);
+    } else {
+      return Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch);
+    }
   }
 
   static int num_m_blocks(detail::ForwardParams const& p) {
@@ -65,7 +73,7 @@ struct ForwardKernel {
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
     auto const next_tile_loads = [&](int64_t index) {
-      int64_t const next = Scheduler::next_tile(index);
+      int64_t const next = Scheduler::next_tile(params.scheduler, index);
       return next < params.scheduler.num_tiles && n_block_end(Scheduler::tile(params.scheduler, next)) > 0;
     };
 
@@ -99,7 +107,7 @@ struct ForwardKernel {
         int q_free_phase = 0;
         bool first = true;
         for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
-             index = Scheduler::next_tile(index), first = false) {
+             index = Scheduler::next_tile(params.scheduler, index), first = false) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           int const n_end = n_block_end(tile);
           if (n_end <= 0) continue;
@@ -121,7 +129,7 @@ struct ForwardKernel {
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
       for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
-           index = Scheduler::next_tile(index)) {
+           index = Scheduler::next_tile(params.scheduler, index)) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         int const n_end = n_block_end(tile);
         bool const release_q = next_tile_loads(index);

@@ -1,8 +1,6 @@
 // Tile schedulers of the sm90 forward kernel. A work tile is one 128-row query tile of one head of
-// one batch entry. Tiles are numbered with the query tile fastest, so that the CTAs working at the
-// same time share one head's K/V in L2; with kLongestFirst (causal masks) each head's last query
-// tiles, which see the most keys, come first. The kernel walks its tiles as
-//   for (index = first_tile(); index < params.num_tiles; index = next_tile(index)) ...
+// one batch entry. The kernel walks its tiles as
+//   for (index = first_tile(); index < params.num_tiles; index = next_tile(params, index)) ...
 #pragma once
 
 #include <cstdint>
@@ -16,8 +14,11 @@ struct ForwardTile {
   int m_block, head, batch;
 };
 
-template <bool kLongestFirst>
-struct TileOrder {
+// Equal tiles (no causal mask), persistent: at most one CTA per SM; CTA c takes tiles c,
+// c + gridDim.x, ... Later tiles' loads overlap earlier tiles' epilogues, and no CTA start-up is
+// paid per tile. Query tile fastest, so that the CTAs working at the same time share one head's
+// K/V in L2.
+struct StaticPersistentScheduler {
   struct Params {
     int num_m_blocks, nheads;
     int64_t num_tiles;
@@ -26,37 +27,65 @@ struct TileOrder {
   static Params to_params(int num_m_blocks, int nheads, int batch) {
     return {num_m_blocks, nheads, int64_t(num_m_blocks) * nheads * batch};
   }
-
-  static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
-    int const m = static_cast<int>(index % params.num_m_blocks);
-    int64_t const head_batch = index / params.num_m_blocks;
-    return {kLongestFirst ? params.num_m_blocks - 1 - m : m, static_cast<int>(head_batch % params.nheads),
-            static_cast<int>(head_batch / params.nheads)};
-  }
-};
-
-// Persistent: at most one CTA per SM; CTA c takes tiles c, c + gridDim.x, ... Later tiles' loads
-// overlap earlier tiles' epilogues, and no CTA start-up is paid per tile. Static striding suits
-// tiles of equal cost (no causal mask).
-template <bool kLongestFirst>
-struct StaticPersistentScheduler : TileOrder<kLongestFirst> {
-  using Params = typename TileOrder<kLongestFirst>::Params;
   static dim3 grid(Params const& params, int num_sms) {
     return dim3(static_cast<unsigned>(params.num_tiles < num_sms ? params.num_tiles : num_sms));
   }
   static CUTLASS_DEVICE int64_t first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int64_t next_tile(int64_t index) { return index + gridDim.x; }
+  static CUTLASS_DEVICE int64_t next_tile(Params const&, int64_t index) { return index + gridDim.x; }
+
+  static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
+    int const m = static_cast<int>(index % params.num_m_blocks);
+    int64_t const head_batch = index / params.num_m_blocks;
+    return {m, static_cast<int>(head_batch % params.nheads), static_cast<int>(head_batch / params.nheads)};
+  }
 };
 
-// One CTA per tile: the hardware hands CTAs to SMs as they free up, which balances tiles of unequal
-// cost. On H200 (bf16, 16k, d = 128, causal) static striding ran at 457 TFLOP/s, this at 637:
-// striding by the SM count deals some CTAs mostly long tiles and others mostly short ones.
-template <bool kLongestFirst>
-struct SingleTileScheduler : TileOrder<kLongestFirst> {
-  using Params = typename TileOrder<kLongestFirst>::Params;
-  static dim3 grid(Params const& params, int /*num_sms*/) { return dim3(static_cast<unsigned>(params.num_tiles)); }
+// Causal tiles differ in cost (the last query tiles see the most keys), and static striding by the
+// SM count in query-tile order deals some CTAs mostly long tiles (H200, bf16, 16k, d = 128: 457
+// TFLOP/s against 637 with one CTA per tile). Two modes, chosen per call:
+//  - one CTA per tile, longest first within each head: the hardware hands CTAs to SMs as they free
+//    up, which balances the tiles, and the CTAs resident together share one head's K/V in L2;
+//  - persistent, for short sequences where per-CTA start-up and epilogue dominate: all tiles ranked
+//    by cost (query tile from the last, then head and batch), dealt to the CTAs round by round in a
+//    snake order (CTA c takes rank c in even rounds and rank G - 1 - c in odd ones), so that a CTA
+//    that took a long tile in one round takes a short one in the next.
+struct CausalScheduler {
+  struct Params {
+    int num_m_blocks, nheads;
+    int64_t num_tiles;
+    bool persistent;
+  };
+
+  static Params to_params(int num_m_blocks, int nheads, int batch, bool persistent) {
+    return {num_m_blocks, nheads, int64_t(num_m_blocks) * nheads * batch, persistent};
+  }
+  static dim3 grid(Params const& params, int num_sms) {
+    int64_t const ctas = params.persistent && params.num_tiles > num_sms ? num_sms : params.num_tiles;
+    return dim3(static_cast<unsigned>(ctas));
+  }
   static CUTLASS_DEVICE int64_t first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int64_t next_tile(int64_t /*index*/) { return INT64_MAX; }
+  static CUTLASS_DEVICE int64_t next_tile(Params const& params, int64_t index) {
+    return params.persistent ? index + gridDim.x : INT64_MAX;
+  }
+
+  static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
+    if (!params.persistent) {
+      int const m = static_cast<int>(index % params.num_m_blocks);
+      int64_t const head_batch = index / params.num_m_blocks;
+      return {params.num_m_blocks - 1 - m, static_cast<int>(head_batch % params.nheads),
+              static_cast<int>(head_batch / params.nheads)};
+    }
+    int64_t const ctas = gridDim.x;
+    int64_t const round = index / ctas;
+    int64_t position = index % ctas;
+    bool const full_round = (round + 1) * ctas <= params.num_tiles;  // a partial last round keeps its order
+    if (full_round && round % 2 == 1) position = ctas - 1 - position;
+    int64_t const rank = round * ctas + position;
+    int64_t const heads_batch = params.num_tiles / params.num_m_blocks;
+    int64_t const head_batch = rank % heads_batch;
+    return {params.num_m_blocks - 1 - static_cast<int>(rank / heads_batch), static_cast<int>(head_batch % params.nheads),
+            static_cast<int>(head_batch / params.nheads)};
+  }
 };
 
 }  // namespace flashhop::sm90
