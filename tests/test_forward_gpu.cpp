@@ -80,6 +80,30 @@ struct Call {
   std::optional<float> softmax_scale;
 };
 
+// The plan's allocations on the host: outputs and padding poisoned, q, k and v scattered in.
+std::vector<std::vector<unsigned char>> host_images(const ForwardPlan& plan, const std::vector<float>& q,
+                                                    const std::vector<float>& k, const std::vector<float>& v) {
+  std::vector<std::vector<unsigned char>> host;
+  for (std::size_t i = 0; i < plan.buffer_dtypes.size(); ++i) {
+    host.push_back(poisoned_storage(plan.buffer_dtypes[i], plan.buffer_elements[i]));
+  }
+  scatter(q, plan.q, &host[plan.q.buffer]);
+  scatter(k, plan.k, &host[plan.k.buffer]);
+  scatter(v, plan.v, &host[plan.v.buffer]);
+  return host;
+}
+
+// Copies each host image into a device buffer of its own; returns their addresses.
+std::vector<void*> upload(const std::vector<std::vector<unsigned char>>& host, std::vector<DeviceBuffer>* device) {
+  std::vector<void*> bases;
+  for (const std::vector<unsigned char>& image : host) {
+    device->emplace_back(image.size());
+    device->back().upload(image);
+    bases.push_back(device->back().data());
+  }
+  return bases;
+}
+
 // Runs flashhop::forward on fresh random inputs laid out as `call.plan` says, and checks O (and LSE)
 // against the reference. Skips the test when the build lacks the configuration.
 void run_and_check(const Call& call) {
@@ -91,21 +115,9 @@ void run_and_check(const Call& call) {
   const std::vector<float> q = random_normal(p.q_elements(), call.dtype, rng);
   const std::vector<float> k = random_normal(p.kv_elements(), call.dtype, rng);
   const std::vector<float> v = random_normal(p.kv_elements(), call.dtype, rng);
-
-  std::vector<std::vector<unsigned char>> host;
-  for (std::size_t i = 0; i < plan.buffer_dtypes.size(); ++i) {
-    host.push_back(poisoned_storage(plan.buffer_dtypes[i], plan.buffer_elements[i]));
-  }
-  scatter(q, plan.q, &host[plan.q.buffer]);
-  scatter(k, plan.k, &host[plan.k.buffer]);
-  scatter(v, plan.v, &host[plan.v.buffer]);
+  const std::vector<std::vector<unsigned char>> host = host_images(plan, q, k, v);
   std::vector<DeviceBuffer> device;
-  std::vector<void*> bases;
-  for (const std::vector<unsigned char>& image : host) {
-    device.emplace_back(image.size());
-    device.back().upload(image);
-    bases.push_back(device.back().data());
-  }
+  const std::vector<void*> bases = upload(host, &device);
 
   flashhop::ForwardArgs args = bind_args(plan, bases, call.with_lse, call.causal);
   args.softmax_scale = call.softmax_scale;
@@ -324,20 +336,12 @@ TEST_P(ForwardGpuRepeat, RepeatedCallsAreBitwiseIdentical) {
   const RepeatCase& c = GetParam();
   const ForwardPlan plan = contiguous_plan(c.problem, c.dtype);
   std::mt19937 rng(std::random_device{}());
-  std::vector<std::vector<unsigned char>> host;
-  for (std::size_t i = 0; i < plan.buffer_dtypes.size(); ++i) {
-    host.push_back(poisoned_storage(plan.buffer_dtypes[i], plan.buffer_elements[i]));
-  }
-  scatter(random_normal(c.problem.q_elements(), c.dtype, rng), plan.q, &host[plan.q.buffer]);
-  scatter(random_normal(c.problem.kv_elements(), c.dtype, rng), plan.k, &host[plan.k.buffer]);
-  scatter(random_normal(c.problem.kv_elements(), c.dtype, rng), plan.v, &host[plan.v.buffer]);
+  const std::vector<float> q = random_normal(c.problem.q_elements(), c.dtype, rng);
+  const std::vector<float> k = random_normal(c.problem.kv_elements(), c.dtype, rng);
+  const std::vector<float> v = random_normal(c.problem.kv_elements(), c.dtype, rng);
+  const std::vector<std::vector<unsigned char>> host = host_images(plan, q, k, v);
   std::vector<DeviceBuffer> device;
-  std::vector<void*> bases;
-  for (const std::vector<unsigned char>& image : host) {
-    device.emplace_back(image.size());
-    device.back().upload(image);
-    bases.push_back(device.back().data());
-  }
+  const std::vector<void*> bases = upload(host, &device);
   const flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.causal);
 
   std::vector<unsigned char> first_o, first_lse;
