@@ -23,7 +23,7 @@ static_assert(kThreadsPerWarpGroup * (kProducerRegisters + kConsumerWarpGroups *
 
 // Named barriers (ids above CUTLASS's reserved ones, offset by cutlass::arch::NamedBarrier).
 enum class ForwardBarrier : unsigned {
-  kEpilogue = 0,             // both consumers wrote O to shared memory before the TMA store
+  kEpilogue = 0,             // the consumers' epilogue steps around the shared O buffer and its TMA store
   kMmaScheduleConsumer0 = 1, // consumer 0 may issue its next GEMMs
   kMmaScheduleConsumer1 = 2, // consumer 1 may issue its next GEMMs
 };

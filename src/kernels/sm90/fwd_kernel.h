@@ -32,7 +32,7 @@ struct ForwardKernel {
     typename Mainloop::SharedStorage tensors;
     cute::conditional_t<Epilogue::kOwnBuffer, typename Epilogue::SharedStorage, NoStorage> epilogue;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed in shared memory
-    cutlass::arch::ClusterBarrier q_free;             // Q's buffer (O's in the epilogue) may be refilled
+    cutlass::arch::ClusterBarrier q_free;             // Q's buffer may be refilled
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
   };

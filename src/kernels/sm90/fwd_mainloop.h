@@ -186,8 +186,9 @@ struct ForwardMainloop {
   // is left past this tile's key tiles. `q_read_done()` is called once this warpgroup's last S GEMM
   // has retired, i.e. it no longer reads Q.
   //
-  // Intra-warpgroup overlap: S of tile n is issued before P V of tile n + 1, so the softmax of
-  // tile n runs while the tensor cores do P V; O is rescaled once that GEMM has retired.
+  // Intra-warpgroup overlap: S of key tile n is issued before P V of key tile n + 1, so the softmax
+  // of tile n runs while the tensor cores do P V; the rescale of O that this softmax owes is paid
+  // in the next step, while the next S GEMM runs and before the next P V.
   template <class OAccum, class Softmax, class QReadDone>
   static CUTLASS_DEVICE void mma(Params const& params, SharedStorage& smem, Mask const& mask,
                                  cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
