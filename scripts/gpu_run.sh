@@ -19,9 +19,9 @@
 #                       when present; else CMake finds or pip-installs the headers itself)
 #   FLASHHOP_DTYPES     e.g. "bf16"   restrict the compiled kernels (default: all)
 #   FLASHHOP_HEAD_DIMS  e.g. "128"
-#   BENCH_ARGS          flashhop-bench configuration flags (default "--sweep peers"); the bench stage
+#   BENCH_ARGS          flashhop-bench flags (default "--sweep peers --warmup 100 --iters 500"); the bench stage
 #                       runs them twice: with --check (correctness), then timed alone for bench.json
-#   PEERS_ARGS          extra flags for peers_sdpa.py (e.g. "--head-dims 128")
+#   PEERS_ARGS          flags for peers_sdpa.py (default "--warmup 100 --iters 500")
 # Files under $OUT (few, flat: the device machine returns at most 8): summary.txt, build.log,
 # test.log, bench.log, bench.json, peers.log, peers.json, sass_summary.txt.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
@@ -31,8 +31,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root" || exit 1
 OUT=${OUT:-$root/gpu_out}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
-BENCH_ARGS=${BENCH_ARGS:---sweep peers}
-PEERS_ARGS=${PEERS_ARGS:-}
+# Long warm-up and many timed calls for flashhop and the peers alike: a 10 + 50 call window timed
+# right after the GEMM caught the GPU in a passing state that slowed short flashhop kernels by up to
+# 30% but not the peers (docs/PERFORMANCE.md).
+BENCH_ARGS=${BENCH_ARGS:---sweep peers --warmup 100 --iters 500}
+PEERS_ARGS=${PEERS_ARGS:---warmup 100 --iters 500}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
