@@ -111,7 +111,7 @@ struct ForwardKernel {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           int const n_end = n_block_end(tile);
           if (n_end <= 0) continue;
-          // The CTA's first tile finds the buffer unused; later ones wait for the previous epilogue.
+          // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
           auto const wait_q_free = [&] {
             if (first) return;
             shared.q_free.wait(q_free_phase);
