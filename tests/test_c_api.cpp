@@ -1,5 +1,5 @@
-// The C API: status codes, null arguments, C-only fields (causal, softmax_scale 0, lse pointer) and
-// the per-thread last-error message.
+// The C API: status codes, null arguments, C-only fields (causal, softmax_scale 0, lse pointer,
+// use_window) and the per-thread last-error message.
 #include "flashhop/flashhop_c.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +33,7 @@ struct CArgs {
 
   CArgs() {
     const ForwardPlan plan = contiguous_plan({2, 33, 65, 8, 2, 128}, DType::kBFloat16);
-    const flashhop::ForwardArgs cpp = bind_args(plan, fake_bases(plan), /*with_lse=*/true, /*causal=*/false);
+    const flashhop::ForwardArgs cpp = bind_args(plan, fake_bases(plan), /*with_lse=*/true);
     args.q = to_c(cpp.q);
     args.k = to_c(cpp.k);
     args.v = to_c(cpp.v);
@@ -83,10 +83,10 @@ TEST(CApi, InvalidArgumentCarriesTheMessage) {
 
 TEST(CApi, UnsupportedHeadDim) {
   CArgs c;
-  c.args.q.shape[3] = c.args.k.shape[3] = c.args.v.shape[3] = c.args.o.shape[3] = 96;
+  c.args.q.shape[3] = c.args.k.shape[3] = c.args.v.shape[3] = c.args.o.shape[3] = 80;
   size_t bytes = 0;
   EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_NOT_SUPPORTED);
-  EXPECT_TRUE(mentions(last_error(), "q.shape[3] (head_dim) = 96")) << last_error();
+  EXPECT_TRUE(mentions(last_error(), "q.shape[3] (head_dim) = 80")) << last_error();
 }
 
 TEST(CApi, DtypeOutsideTheEnum) {
@@ -105,6 +105,33 @@ TEST(CApi, CausalMustBeZeroOrOne) {
   c.args.causal = 2;
   EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
   EXPECT_EQ(last_error(), "causal = 2: expected 0 or 1");
+}
+
+// A zero-initialised struct has no window; the widths count only with use_window = 1.
+TEST(CApi, WindowAppliesOnlyWithUseWindow) {
+  CArgs c;
+  size_t bytes = 0;
+  c.args.window_left = -7;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.use_window = 1;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "window_left = -7")) << last_error();
+  c.args.window_left = 16;
+  c.args.window_right = -1;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.use_window = 2;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "use_window = 2: expected 0 or 1");
+}
+
+TEST(CApi, SoftcapIsPassedOn) {
+  CArgs c;
+  size_t bytes = 0;
+  c.args.softcap = 50.f;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.softcap = -1.f;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "softcap = -1")) << last_error();
 }
 
 TEST(CApi, SoftmaxScaleZeroMeansDefaultAndNanIsRejected) {

@@ -32,6 +32,11 @@ using flashhop::StatusCode;
 double o_atol(DType dtype) { return dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11; }
 // LSE is computed in float32 from float32 scores; this bounds its rounding at our magnitudes.
 constexpr double kLseAbsoluteTolerance = 1e-3;
+// Soft-capping: the kernel's tanh (tanh.approx.f32) has a relative error below 2^-10.987, so each
+// kept score softcap * tanh(.) moves by at most softcap * 2^-11 against the reference. That moves
+// LSE by at most as much, and each probability by that factor, so O (a weighted mean of V rows)
+// by at most 2 x softcap * 2^-11 x max |V|.
+double softcap_score_error(float softcap) { return softcap * 0x1p-11; }
 
 struct MaxError {
   double value = 0;
@@ -69,12 +74,12 @@ class CudaStream {
 };
 
 struct Call {
-  Call(const Problem& problem, DType dtype, bool causal, ForwardPlan plan)
-      : problem(problem), dtype(dtype), causal(causal), plan(std::move(plan)) {}
+  Call(const Problem& problem, DType dtype, const Masking& masking, ForwardPlan plan)
+      : problem(problem), dtype(dtype), masking(masking), plan(std::move(plan)) {}
 
   Problem problem;
   DType dtype;
-  bool causal;
+  Masking masking;
   ForwardPlan plan;
   bool with_lse = true;
   std::optional<float> softmax_scale;
@@ -113,13 +118,13 @@ void run_and_check(const Call& call) {
   SCOPED_TRACE(::testing::Message() << "random seed " << seed);
   std::mt19937 rng(seed);
   const std::vector<float> q = random_normal(p.q_elements(), call.dtype, rng);
-  const std::vector<float> k = random_normal(p.kv_elements(), call.dtype, rng);
-  const std::vector<float> v = random_normal(p.kv_elements(), call.dtype, rng);
+  const std::vector<float> k = random_normal(p.k_elements(), call.dtype, rng);
+  const std::vector<float> v = random_normal(p.v_elements(), call.dtype, rng);
   const std::vector<std::vector<unsigned char>> host = host_images(plan, q, k, v);
   std::vector<DeviceBuffer> device;
   const std::vector<void*> bases = upload(host, &device);
 
-  flashhop::ForwardArgs args = bind_args(plan, bases, call.with_lse, call.causal);
+  flashhop::ForwardArgs args = bind_args(plan, bases, call.with_lse, call.masking);
   args.softmax_scale = call.softmax_scale;
   const CudaStream stream;
   const Status status = flashhop::forward(args, nullptr, 0, stream.get());
@@ -148,16 +153,23 @@ void run_and_check(const Call& call) {
   }
 
   // The scale the kernel uses: the given one, else 1/sqrt(d) rounded to float (as make_forward_params).
-  const double scale = call.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(double(p.head_dim))));
+  flashhop::reference::ScoreOptions options;
+  options.softmax_scale = call.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(double(p.head_dim))));
+  options.softcap = call.masking.softcap;
+  options.causal = call.masking.causal;
+  options.window_left = call.masking.window_left;
+  options.window_right = call.masking.window_right;
   std::vector<double> o_ref, lse_ref;
-  flashhop::reference::attention_forward(p.shape(), q.data(), k.data(), v.data(), scale, call.causal, &o_ref,
-                                         &lse_ref);
+  flashhop::reference::attention_forward(p.shape(), q.data(), k.data(), v.data(), options, &o_ref, &lse_ref);
   std::vector<float> o_low, lse_low;
-  flashhop::reference::attention_forward_low_precision(p.shape(), q.data(), k.data(), v.data(), scale, call.causal,
-                                                       call.dtype, &o_low, &lse_low);
+  flashhop::reference::attention_forward_low_precision(p.shape(), q.data(), k.data(), v.data(), options, call.dtype,
+                                                       &o_low, &lse_low);
 
+  double max_abs_v = 0;
+  for (float x : v) max_abs_v = std::max(max_abs_v, double{std::abs(x)});
+  const double softcap_error = softcap_score_error(call.masking.softcap);
   const MaxError o_error = max_abs_error(o, o_ref), o_baseline = max_abs_error(o_low, o_ref);
-  EXPECT_LE(o_error.value, 2 * o_baseline.value + o_atol(call.dtype))
+  EXPECT_LE(o_error.value, 2 * o_baseline.value + o_atol(call.dtype) + 2 * softcap_error * max_abs_v)
       << "max |O - O_ref| at element " << o_error.index << ": got " << o[o_error.index] << ", reference "
       << o_ref[o_error.index] << "; low-precision baseline error " << o_baseline.value;
 
@@ -168,8 +180,8 @@ void run_and_check(const Call& call) {
       for (int i = 0; i < p.seqlen_q; ++i) {
         const std::size_t row = (std::size_t(b) * p.nheads + h) * p.seqlen_q + i;
         if (!std::isinf(lse_ref[row])) continue;
-        const auto first = o.begin() + ((std::int64_t{b} * p.seqlen_q + i) * p.nheads + h) * p.head_dim;
-        const bool zero = std::all_of(first, first + p.head_dim, [](float x) { return x == 0.f; });
+        const auto first = o.begin() + ((std::int64_t{b} * p.seqlen_q + i) * p.nheads + h) * p.dv();
+        const bool zero = std::all_of(first, first + p.dv(), [](float x) { return x == 0.f; });
         const bool minus_inf = !call.with_lse || (std::isinf(lse[row]) && lse[row] < 0);
         bad_masked_rows += !(zero && minus_inf);
       }
@@ -182,7 +194,7 @@ void run_and_check(const Call& call) {
     for (std::size_t i = 0; i < lse.size(); ++i) infinite_mismatches += std::isinf(lse_ref[i]) != std::isinf(lse[i]);
     EXPECT_EQ(infinite_mismatches, 0) << "LSE is -inf exactly where no key is visible";
     const MaxError lse_error = max_abs_error(lse, lse_ref), lse_baseline = max_abs_error(lse_low, lse_ref);
-    EXPECT_LE(lse_error.value, 2 * lse_baseline.value + kLseAbsoluteTolerance)
+    EXPECT_LE(lse_error.value, 2 * lse_baseline.value + kLseAbsoluteTolerance + softcap_error)
         << "max |LSE - LSE_ref| at row " << lse_error.index << ": got " << lse[lse_error.index] << ", reference "
         << lse_ref[lse_error.index];
   }
@@ -207,8 +219,8 @@ TEST(ForwardHarness, StridedPlanRoundTripsAndLeavesPaddingPoisoned) {
   const ForwardPlan plan = strided_plan(problem, DType::kBFloat16);
   std::mt19937 rng(8);
   const std::vector<float> q = random_normal(problem.q_elements(), DType::kBFloat16, rng);
-  const std::vector<float> k = random_normal(problem.kv_elements(), DType::kBFloat16, rng);
-  const std::vector<float> v = random_normal(problem.kv_elements(), DType::kBFloat16, rng);
+  const std::vector<float> k = random_normal(problem.k_elements(), DType::kBFloat16, rng);
+  const std::vector<float> v = random_normal(problem.v_elements(), DType::kBFloat16, rng);
   std::vector<unsigned char> qkv = poisoned_storage(DType::kBFloat16, plan.buffer_elements[plan.q.buffer]);
   scatter(q, plan.q, &qkv);
   scatter(k, plan.k, &qkv);
@@ -226,16 +238,43 @@ TEST(ForwardHarness, StridedPlanRoundTripsAndLeavesPaddingPoisoned) {
   EXPECT_GT(plan.buffer_elements[plan.o.buffer], problem.q_elements()) << "o has padding";
 }
 
-// ---- the grid: dtype x head dim x causal x shape -------------------------------------------------
+// ---- the grid: dtype x head dims x masking x shape -----------------------------------------------
+
+// (d, dv) pairs the kernels are built for.
+struct HeadDims {
+  int d, dv;
+};
+constexpr HeadDims kHeadDims[] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+
+// Named masking variants: every mask and soft-capping alone, and in combination.
+struct NamedMasking {
+  const char* name;
+  Masking masking;
+};
+const NamedMasking kFull{"full", {}};
+const NamedMasking kCausal{"causal", {true}};
+// Both edges of the band cut key tiles of every size, and a row sees 79 keys at most.
+const NamedMasking kWindow{"window61_17", {false, 61, 17}};
+// Mistral-style: causal with a left window; rows see up to 301 keys.
+const NamedMasking kCausalWindow{"causal_window300", {true, 300, 0}};
+// Bounded on the right only (a look-ahead), unbounded to the left.
+const NamedMasking kRightWindow{"window_right40", {false, -1, 40}};
+// A cap small enough to bend the scores (scale * q.k is about N(0, 1) here).
+const NamedMasking kSoftcapCausal{"softcap_causal", {true, -1, -1, 1.5f}};
+const NamedMasking kSoftcapWindow{"softcap_window61_17", {false, 61, 17, 1.5f}};
+
+std::string head_dims_name(const Problem& p) {
+  return "_d" + std::to_string(p.head_dim) + (p.dv() != p.head_dim ? "x" + std::to_string(p.dv()) : "");
+}
 
 struct GridCase {
   DType dtype;
-  bool causal;
+  NamedMasking masking;
   Problem problem;
 };
 
 std::vector<GridCase> grid() {
-  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head_dim is set per case. Heads are few so that
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
   // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
   // The last two shapes have more query tiles (288, 256) than an H200 has SMs, so each persistent
   // CTA walks several; with causal masking runs of them are fully masked (seqlen_q > seqlen_k), and
@@ -246,13 +285,19 @@ std::vector<GridCase> grid() {
       {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
       {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},
   };
+  // bf16 runs every variant; fp16 (the same kernels with another element type) the plain masks
+  // and one combination.
+  const std::vector<NamedMasking> bf16_variants = {kFull,         kCausal,         kWindow,        kCausalWindow,
+                                                   kRightWindow,  kSoftcapCausal,  kSoftcapWindow};
+  const std::vector<NamedMasking> fp16_variants = {kFull, kCausal, kSoftcapWindow};
   std::vector<GridCase> cases;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (int head_dim : {64, 128, 256}) {
-      for (bool causal : {false, true}) {
+    for (const HeadDims& dims : kHeadDims) {
+      for (const NamedMasking& masking : dtype == DType::kBFloat16 ? bf16_variants : fp16_variants) {
         for (Problem problem : shapes) {
-          problem.head_dim = head_dim;
-          cases.push_back({dtype, causal, problem});
+          problem.head_dim = dims.d;
+          problem.head_dim_v = dims.dv;
+          cases.push_back({dtype, masking, problem});
         }
       }
     }
@@ -262,9 +307,9 @@ std::vector<GridCase> grid() {
 
 std::string name(const GridCase& c) {
   const Problem& p = c.problem;
-  return std::string(short_name(c.dtype)) + "_d" + std::to_string(p.head_dim) + (c.causal ? "_causal" : "_full") +
-         "_b" + std::to_string(p.batch) + "_sq" + std::to_string(p.seqlen_q) + "_sk" + std::to_string(p.seqlen_k) +
-         "_h" + std::to_string(p.nheads) + "_kv" + std::to_string(p.nheads_kv);
+  return std::string(short_name(c.dtype)) + head_dims_name(p) + "_" + c.masking.name + "_b" + std::to_string(p.batch) +
+         "_sq" + std::to_string(p.seqlen_q) + "_sk" + std::to_string(p.seqlen_k) + "_h" + std::to_string(p.nheads) +
+         "_kv" + std::to_string(p.nheads_kv);
 }
 void PrintTo(const GridCase& c, std::ostream* out) { *out << name(c); }
 
@@ -272,7 +317,7 @@ using ForwardGpu = GpuTestWithParam<GridCase>;
 
 TEST_P(ForwardGpu, MatchesReference) {
   const GridCase& c = GetParam();
-  run_and_check(Call(c.problem, c.dtype, c.causal, contiguous_plan(c.problem, c.dtype)));
+  run_and_check(Call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
@@ -282,39 +327,42 @@ INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
 
 struct LayoutCase {
   DType dtype;
-  int head_dim;
-  bool causal;
+  HeadDims dims;
+  NamedMasking masking;
 };
 
 std::vector<LayoutCase> layout_cases() {
   std::vector<LayoutCase> cases;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (int head_dim : {64, 128, 256}) {
-      for (bool causal : {false, true}) cases.push_back({dtype, head_dim, causal});
+    for (const HeadDims& dims : kHeadDims) {
+      for (const NamedMasking& masking : {kFull, kCausal, kSoftcapWindow}) cases.push_back({dtype, dims, masking});
     }
   }
   return cases;
 }
 
 std::string name(const LayoutCase& c) {
-  return std::string(short_name(c.dtype)) + "_d" + std::to_string(c.head_dim) + (c.causal ? "_causal" : "_full");
+  return std::string(short_name(c.dtype)) + head_dims_name({1, 0, 0, 1, 1, c.dims.d, c.dims.dv}) + "_" +
+         c.masking.name;
 }
 void PrintTo(const LayoutCase& c, std::ostream* out) { *out << name(c); }
 
 using ForwardGpuLayout = GpuTestWithParam<LayoutCase>;
 
+// q, k and v packed in one tensor need dv == d; with dv != d only O and LSE are strided.
 TEST_P(ForwardGpuLayout, PackedQkvPaddedOutputsGivenScale) {
   const LayoutCase& c = GetParam();
-  const Problem problem{2, 257, 257, 4, 2, c.head_dim};
-  Call call{problem, c.dtype, c.causal, strided_plan(problem, c.dtype)};
-  call.softmax_scale = 0.6f / std::sqrt(float(c.head_dim));
+  if (c.dims.dv != c.dims.d) GTEST_SKIP() << "a packed QKV tensor needs head_dim_v == head_dim";
+  const Problem problem{2, 257, 257, 4, 2, c.dims.d, c.dims.dv};
+  Call call{problem, c.dtype, c.masking.masking, strided_plan(problem, c.dtype)};
+  call.softmax_scale = 0.6f / std::sqrt(float(c.dims.d));
   run_and_check(call);
 }
 
 TEST_P(ForwardGpuLayout, WithoutLse) {
   const LayoutCase& c = GetParam();
-  const Problem problem{2, 190, 300, 4, 1, c.head_dim};
-  Call call{problem, c.dtype, c.causal, contiguous_plan(problem, c.dtype)};
+  const Problem problem{2, 190, 300, 4, 1, c.dims.d, c.dims.dv};
+  Call call{problem, c.dtype, c.masking.masking, contiguous_plan(problem, c.dtype)};
   call.with_lse = false;
   run_and_check(call);
 }
@@ -326,7 +374,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ForwardGpuLayout, ::testing::ValuesIn(layout_c
 
 struct RepeatCase {
   DType dtype;
-  bool causal;
+  NamedMasking masking;
   Problem problem;
 };
 
@@ -337,12 +385,12 @@ TEST_P(ForwardGpuRepeat, RepeatedCallsAreBitwiseIdentical) {
   const ForwardPlan plan = contiguous_plan(c.problem, c.dtype);
   std::mt19937 rng(std::random_device{}());
   const std::vector<float> q = random_normal(c.problem.q_elements(), c.dtype, rng);
-  const std::vector<float> k = random_normal(c.problem.kv_elements(), c.dtype, rng);
-  const std::vector<float> v = random_normal(c.problem.kv_elements(), c.dtype, rng);
+  const std::vector<float> k = random_normal(c.problem.k_elements(), c.dtype, rng);
+  const std::vector<float> v = random_normal(c.problem.v_elements(), c.dtype, rng);
   const std::vector<std::vector<unsigned char>> host = host_images(plan, q, k, v);
   std::vector<DeviceBuffer> device;
   const std::vector<void*> bases = upload(host, &device);
-  const flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.causal);
+  const flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.masking.masking);
 
   std::vector<unsigned char> first_o, first_lse;
   for (int run = 0; run < 3; ++run) {
@@ -364,14 +412,15 @@ TEST_P(ForwardGpuRepeat, RepeatedCallsAreBitwiseIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(
     Repeat, ForwardGpuRepeat,
-    ::testing::Values(RepeatCase{DType::kBFloat16, false, {2, 1100, 1100, 16, 4, 128}},
-                      RepeatCase{DType::kBFloat16, true, {2, 1100, 300, 16, 4, 128}},
-                      RepeatCase{DType::kFloat16, true, {1, 2048, 2048, 8, 1, 256}},
-                      RepeatCase{DType::kFloat16, false, {3, 513, 777, 32, 8, 64}}),
+    ::testing::Values(RepeatCase{DType::kBFloat16, kFull, {2, 1100, 1100, 16, 4, 128}},
+                      RepeatCase{DType::kBFloat16, kCausal, {2, 1100, 300, 16, 4, 128}},
+                      RepeatCase{DType::kFloat16, kCausal, {1, 2048, 2048, 8, 1, 256}},
+                      RepeatCase{DType::kFloat16, kFull, {3, 513, 777, 32, 8, 64}},
+                      RepeatCase{DType::kBFloat16, kSoftcapWindow, {2, 1500, 1500, 8, 2, 96}},
+                      RepeatCase{DType::kBFloat16, kCausalWindow, {2, 1500, 1500, 8, 2, 192, 128}}),
     [](const ::testing::TestParamInfo<RepeatCase>& info) {
       const RepeatCase& c = info.param;
-      return std::string(short_name(c.dtype)) + "_d" + std::to_string(c.problem.head_dim) +
-             (c.causal ? "_causal" : "_full");
+      return std::string(short_name(c.dtype)) + head_dims_name(c.problem) + "_" + c.masking.name;
     });
 
 // ---- device checks of forward() ------------------------------------------------------------------
@@ -387,10 +436,10 @@ TEST_F(ForwardGpuDeviceChecks, HostMemoryIsRejected) {
     device.emplace_back(static_cast<std::size_t>(elements) * 4);
     bases.push_back(device.back().data());
   }
-  std::vector<unsigned char> host_k(static_cast<std::size_t>(problem.kv_elements()) * 2);
+  std::vector<unsigned char> host_k(static_cast<std::size_t>(problem.k_elements()) * 2);
   bases[plan.k.buffer] = host_k.data();
 
-  const Status status = flashhop::forward(bind_args(plan, bases, true, false), nullptr, 0, nullptr);
+  const Status status = flashhop::forward(bind_args(plan, bases, true), nullptr, 0, nullptr);
   EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
   EXPECT_NE(status.message.find("k.data"), std::string::npos) << status.message;
   EXPECT_NE(status.message.find("host memory"), std::string::npos) << status.message;
@@ -400,7 +449,7 @@ TEST_F(ForwardGpuDeviceChecks, OperandsMustBeOnTheCurrentDevice) {
   int current = 0;
   cuda_check(cudaGetDevice(&current), "cudaGetDevice");
   const ForwardPlan plan = contiguous_plan({1, 16, 16, 2, 1, 128}, DType::kBFloat16);
-  flashhop::ForwardArgs args = bind_args(plan, fake_bases(plan), true, false);
+  flashhop::ForwardArgs args = bind_args(plan, fake_bases(plan), true);
   args.q.device = args.k.device = args.v.device = args.o.device = args.lse->device = current + 1;
 
   const Status status = flashhop::forward(args, nullptr, 0, nullptr);

@@ -16,6 +16,7 @@ namespace flashhop_test {
 namespace {
 
 using flashhop::reference::AttentionShape;
+using flashhop::reference::ScoreOptions;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -23,11 +24,22 @@ struct Result {
   std::vector<double> o, lse;
 };
 
+ScoreOptions scaled(double scale, bool causal) {
+  ScoreOptions options;
+  options.softmax_scale = scale;
+  options.causal = causal;
+  return options;
+}
+
+Result run_reference(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                     const std::vector<float>& v, const ScoreOptions& options) {
+  Result result;
+  flashhop::reference::attention_forward(s, q.data(), k.data(), v.data(), options, &result.o, &result.lse);
+  return result;
+}
 Result run_reference(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
                      const std::vector<float>& v, double scale, bool causal) {
-  Result result;
-  flashhop::reference::attention_forward(s, q.data(), k.data(), v.data(), scale, causal, &result.o, &result.lse);
-  return result;
+  return run_reference(s, q, k, v, scaled(scale, causal));
 }
 
 std::int64_t o_index(const AttentionShape& s, int b, int i, int h, int c) {
@@ -52,9 +64,11 @@ std::vector<float> random_values(std::size_t count, std::mt19937& rng) {
 }
 
 // Attention straight from its definition: O = sum_j exp(s_j) v_j / sum_j exp(s_j), LSE = log sum_j
-// exp(s_j), over the keys j <= i + seqlen_k - seqlen_q when causal. Fine for small scores only.
+// exp(s_j), over the keys j that pass every bound of `options` (j - i - (seqlen_k - seqlen_q) <= 0
+// when causal, <= window_right, >= -window_left), with s_j soft-capped when asked. Fine for small
+// scores only.
 Result direct_formula(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
-                      const std::vector<float>& v, double scale, bool causal) {
+                      const std::vector<float>& v, const ScoreOptions& options) {
   Result result;
   result.o.assign(static_cast<std::size_t>(s.batch) * s.seqlen_q * s.nheads * s.head_dim_v, 0.0);
   result.lse.assign(static_cast<std::size_t>(s.batch) * s.nheads * s.seqlen_q, -kInf);
@@ -65,13 +79,18 @@ Result direct_formula(const AttentionShape& s, const std::vector<float>& q, cons
         double sum_exp = 0;
         std::vector<double> weighted(s.head_dim_v, 0.0);
         for (int j = 0; j < s.seqlen_k; ++j) {
-          if (causal && j > i + s.seqlen_k - s.seqlen_q) continue;
+          const int distance = j - (i + s.seqlen_k - s.seqlen_q);  // keys right of the diagonal
+          if (options.causal && distance > 0) continue;
+          if (options.window_right >= 0 && distance > options.window_right) continue;
+          if (options.window_left >= 0 && -distance > options.window_left) continue;
           double dot = 0;
           for (int c = 0; c < s.head_dim; ++c) {
             dot += double{q[((std::int64_t{b} * s.seqlen_q + i) * s.nheads + h) * s.head_dim + c]} *
                    k[kv_index(s, b, j, h / group, c, s.head_dim)];
           }
-          const double e = std::exp(scale * dot);
+          double score = options.softmax_scale * dot;
+          if (options.softcap > 0) score = options.softcap * std::tanh(score / options.softcap);
+          const double e = std::exp(score);
           sum_exp += e;
           for (int c = 0; c < s.head_dim_v; ++c) weighted[c] += e * v[kv_index(s, b, j, h / group, c, s.head_dim_v)];
         }
@@ -196,6 +215,34 @@ TEST(Reference, LargeScoresDoNotOverflow) {
   EXPECT_NEAR(r.o[1], 6.0, 1e-12);
 }
 
+TEST(Reference, SoftcapBoundsTheScore) {
+  // One key with score 1000 * 2 = 2000: capped at 30 * tanh(2000 / 30), i.e. 30 up to rounding.
+  const AttentionShape s{1, 1, 2, 1, 1, 1, 1};
+  const std::vector<float> q = {2.f}, k = {1.f, 0.f}, v = {1.f, 0.f};
+  ScoreOptions options = scaled(1000.0, false);
+  options.softcap = 30.0;
+  const Result r = run_reference(s, q, k, v, options);
+  const double capped = 30.0 * std::tanh(2000.0 / 30.0);
+  EXPECT_NEAR(r.lse[0], std::log(std::exp(capped) + 1.0), 1e-12);
+  EXPECT_NEAR(r.o[0], std::exp(capped) / (std::exp(capped) + 1.0), 1e-12);
+}
+
+TEST(Reference, SlidingWindowSeesItsBandOnly) {
+  // q = 0: each row averages the keys in its band. 4 queries over 6 keys (diagonal offset 2),
+  // window (1, 1): row i sees keys i + 1 .. i + 3, clipped to 0 .. 5.
+  const AttentionShape s{1, 4, 6, 1, 1, 2, 1};
+  const std::vector<float> q(8, 0.f), k(12, 0.5f), v = {0.f, 1.f, 2.f, 3.f, 4.f, 5.f};
+  ScoreOptions options = scaled(1.0, false);
+  options.window_left = options.window_right = 1;
+  const Result r = run_reference(s, q, k, v, options);
+  const double expected_o[] = {2.0, 3.0, 4.0, 4.5};  // keys {1,2,3}, {2,3,4}, {3,4,5}, {4,5}
+  const double expected_count[] = {3, 3, 3, 2};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(r.o[i], expected_o[i], 1e-12) << "row " << i;
+    EXPECT_NEAR(r.lse[i], std::log(expected_count[i]), 1e-12) << "row " << i;
+  }
+}
+
 TEST(Reference, MatchesDirectFormula) {
   std::mt19937 rng(6);
   // Row counts around the reference's block of 16 query rows, uneven key counts, GQA, batch 2,
@@ -205,11 +252,23 @@ TEST(Reference, MatchesDirectFormula) {
     const std::vector<float> q = random_values(std::size_t(s.batch) * s.seqlen_q * s.nheads * s.head_dim, rng);
     const std::vector<float> k = random_values(std::size_t(s.batch) * s.seqlen_k * s.nheads_kv * s.head_dim, rng);
     const std::vector<float> v = random_values(std::size_t(s.batch) * s.seqlen_k * s.nheads_kv * s.head_dim_v, rng);
-    for (bool causal : {false, true}) {
+    // Causal, windows on either or both sides, soft-capping alone and with a window.
+    std::vector<ScoreOptions> variants(7, scaled(0.4, false));
+    variants[1].causal = true;
+    variants[2].window_left = 3;
+    variants[2].window_right = 2;
+    variants[3].causal = true;
+    variants[3].window_left = 5;
+    variants[4].window_right = 4;
+    variants[5].softcap = 0.7;
+    variants[6].softcap = 0.7;
+    variants[6].window_left = 2;
+    variants[6].window_right = 6;
+    for (std::size_t variant = 0; variant < variants.size(); ++variant) {
       SCOPED_TRACE(::testing::Message() << "batch " << s.batch << " seqlen_q " << s.seqlen_q << " seqlen_k "
-                                        << s.seqlen_k << " causal " << causal);
-      const Result got = run_reference(s, q, k, v, 0.4, causal);
-      const Result expected = direct_formula(s, q, k, v, 0.4, causal);
+                                        << s.seqlen_k << " variant " << variant);
+      const Result got = run_reference(s, q, k, v, variants[variant]);
+      const Result expected = direct_formula(s, q, k, v, variants[variant]);
       ASSERT_EQ(got.o.size(), expected.o.size());
       ASSERT_EQ(got.lse.size(), expected.lse.size());
       for (std::size_t i = 0; i < got.o.size(); ++i) EXPECT_NEAR(got.o[i], expected.o[i], 1e-12) << "o[" << i << "]";
@@ -232,7 +291,7 @@ TEST(LowPrecisionReference, Float32MatchesDoubleReference) {
   for (bool causal : {false, true}) {
     const Result exact = run_reference(s, q, k, v, 0.25, causal);
     std::vector<float> o, lse;
-    flashhop::reference::attention_forward_low_precision(s, q.data(), k.data(), v.data(), 0.25, causal,
+    flashhop::reference::attention_forward_low_precision(s, q.data(), k.data(), v.data(), scaled(0.25, causal),
                                                          DType::kFloat32, &o, &lse);
     ASSERT_EQ(o.size(), exact.o.size());
     ASSERT_EQ(lse.size(), exact.lse.size());
@@ -249,7 +308,8 @@ TEST(LowPrecisionReference, RoundsProbabilitiesAndOutput) {
   const float x = 0.337f;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     std::vector<float> o, lse;
-    flashhop::reference::attention_forward_low_precision(s, q.data(), k.data(), v.data(), x, false, dtype, &o, &lse);
+    flashhop::reference::attention_forward_low_precision(s, q.data(), k.data(), v.data(), scaled(x, false), dtype,
+                                                         &o, &lse);
     const float p1 = std::exp(-x);
     const float expected = round_to(dtype, (0.3f + round_to(dtype, p1) * 0.7f) / (1.f + p1));
     EXPECT_EQ(o[0], expected) << flashhop::dtype_name(dtype);

@@ -15,15 +15,15 @@ constexpr int kSharedBytesPerCta = 227 * 1024;  // sm_90 opt-in limit for one CT
 constexpr int kElementBytes = 2;                // bf16 / fp16
 
 struct ConfigCase {
-  int head_dim;
-  bool causal;
+  int head_dim, head_dim_v;
+  bool local;
 };
 
 class TileConfig : public ::testing::TestWithParam<ConfigCase> {};
 
 TEST_P(TileConfig, FitsTheKernelsLimits) {
   const ConfigCase c = GetParam();
-  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.causal);
+  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.local);
   // Two consumer warpgroups of one 64-row wgmma atom each.
   EXPECT_EQ(config.block_m, 128);
   // S = Q K^T uses block_n as the wgmma N (a multiple of 8, at most 256); P V uses it as the K of
@@ -33,23 +33,28 @@ TEST_P(TileConfig, FitsTheKernelsLimits) {
   EXPECT_LE(config.block_n, 256);
   // At least double buffering, so TMA loads overlap the GEMMs.
   EXPECT_GE(config.stages, 2);
-  // Q (O reuses it) and `stages` K and V tiles, plus a little for the mbarriers.
+  // Q (O may reuse it) and `stages` K and V tiles, plus a little for the mbarriers.
   const int tensor_bytes =
-      (config.block_m * c.head_dim + 2 * config.stages * config.block_n * c.head_dim) * kElementBytes;
+      (config.block_m * c.head_dim + config.stages * config.block_n * (c.head_dim + c.head_dim_v)) * kElementBytes;
   EXPECT_LE(tensor_bytes + 1024, kSharedBytesPerCta) << "block_n " << config.block_n;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
-                         ::testing::Values(ConfigCase{64, false}, ConfigCase{64, true}, ConfigCase{128, false},
-                                           ConfigCase{128, true}, ConfigCase{256, false}, ConfigCase{256, true}),
+                         ::testing::Values(ConfigCase{64, 64, false}, ConfigCase{64, 64, true},
+                                           ConfigCase{96, 96, false}, ConfigCase{96, 96, true},
+                                           ConfigCase{128, 128, false}, ConfigCase{128, 128, true},
+                                           ConfigCase{192, 192, false}, ConfigCase{192, 192, true},
+                                           ConfigCase{192, 128, false}, ConfigCase{192, 128, true},
+                                           ConfigCase{256, 256, false}, ConfigCase{256, 256, true}),
                          [](const ::testing::TestParamInfo<ConfigCase>& info) {
-                           return "d" + std::to_string(info.param.head_dim) +
-                                  (info.param.causal ? "_causal" : "_full");
+                           const ConfigCase& c = info.param;
+                           return "d" + std::to_string(c.head_dim) + "_dv" + std::to_string(c.head_dim_v) +
+                                  (c.local ? "_local" : "_full");
                          });
 
-TEST(TileConfigSelection, CausalNeverUsesWiderKeyTilesThanNonCausal) {
-  // Wider key tiles waste more of the diagonal tile under a causal mask.
-  for (int head_dim : {64, 128, 256}) {
+TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
+  // Wider key tiles waste more of the diagonal tile under a causal or window mask.
+  for (int head_dim : {64, 96, 128, 192, 256}) {
     EXPECT_LE(forward_tile_config(head_dim, true).block_n, forward_tile_config(head_dim, false).block_n)
         << head_dim;
   }

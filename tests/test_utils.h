@@ -27,13 +27,24 @@ using flashhop::TensorDesc;
 
 struct Problem {
   int batch = 1, seqlen_q = 0, seqlen_k = 0, nheads = 1, nheads_kv = 1, head_dim = 128;
+  int head_dim_v = 0;  // 0: head_dim
 
+  int dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   flashhop::reference::AttentionShape shape() const {
-    return {batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim};
+    return {batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, dv()};
   }
   std::int64_t q_elements() const { return std::int64_t{batch} * seqlen_q * nheads * head_dim; }
-  std::int64_t kv_elements() const { return std::int64_t{batch} * seqlen_k * nheads_kv * head_dim; }
+  std::int64_t k_elements() const { return std::int64_t{batch} * seqlen_k * nheads_kv * head_dim; }
+  std::int64_t v_elements() const { return std::int64_t{batch} * seqlen_k * nheads_kv * dv(); }
+  std::int64_t o_elements() const { return std::int64_t{batch} * seqlen_q * nheads * dv(); }
   std::int64_t lse_elements() const { return std::int64_t{batch} * nheads * seqlen_q; }
+};
+
+// What a call does to the scores besides the scale (flashhop::ForwardArgs's fields).
+struct Masking {
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
 };
 
 // One operand of a forward call: which allocation of the plan holds it, at which element offset,
@@ -63,11 +74,11 @@ inline TensorDesc strided_view(DType dtype, std::initializer_list<std::int64_t> 
 inline ForwardPlan contiguous_plan(const Problem& p, DType dtype) {
   ForwardPlan plan;
   plan.buffer_dtypes = {dtype, dtype, dtype, dtype, DType::kFloat32};
-  plan.buffer_elements = {p.q_elements(), p.kv_elements(), p.kv_elements(), p.q_elements(), p.lse_elements()};
+  plan.buffer_elements = {p.q_elements(), p.k_elements(), p.v_elements(), p.o_elements(), p.lse_elements()};
   plan.q = {0, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim})};
   plan.k = {1, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim})};
-  plan.v = {2, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim})};
-  plan.o = {3, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim})};
+  plan.v = {2, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()})};
+  plan.o = {3, 0, flashhop::make_contiguous(nullptr, dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()})};
   plan.lse = {4, 0, flashhop::make_contiguous(nullptr, DType::kFloat32, {p.batch, p.nheads, p.seqlen_q})};
   return plan;
 }
@@ -77,10 +88,11 @@ inline constexpr std::int64_t kOHeadPadding = 8;
 inline constexpr std::int64_t kLseRowPadding = 3;
 
 // q, k and v as slices of one packed (batch, seqlen, nheads + 2 * nheads_kv, head_dim) tensor, as a
-// fused QKV projection leaves them (needs seqlen_q == seqlen_k); o with kOHeadPadding elements after
-// each head, lse with kLseRowPadding after each row. Buffers: qkv, o, lse.
+// fused QKV projection leaves them (needs seqlen_q == seqlen_k and dv == d); o with kOHeadPadding
+// elements after each head, lse with kLseRowPadding after each row. Buffers: qkv, o, lse.
 inline ForwardPlan strided_plan(const Problem& p, DType dtype) {
   if (p.seqlen_q != p.seqlen_k) throw std::invalid_argument("strided_plan: a packed QKV needs seqlen_q == seqlen_k");
+  if (p.dv() != p.head_dim) throw std::invalid_argument("strided_plan: a packed QKV needs head_dim_v == head_dim");
   const std::int64_t d = p.head_dim, seqlen = p.seqlen_q;
   const std::int64_t qkv_row = (p.nheads + 2 * p.nheads_kv) * d;
   const std::int64_t o_head = d + kOHeadPadding, o_row = p.nheads * o_head;
@@ -104,7 +116,7 @@ inline ForwardPlan strided_plan(const Problem& p, DType dtype) {
 // The call's arguments with each operand's data at bases[buffer] + offset (null stays null: an
 // empty allocation).
 inline flashhop::ForwardArgs bind_args(const ForwardPlan& plan, const std::vector<void*>& bases, bool with_lse,
-                                  bool causal) {
+                                       const Masking& masking = {}) {
   const auto placed = [&](const Placement& placement) {
     TensorDesc desc = placement.view;
     char* base = static_cast<char*>(bases.at(placement.buffer));
@@ -117,7 +129,10 @@ inline flashhop::ForwardArgs bind_args(const ForwardPlan& plan, const std::vecto
   args.v = placed(plan.v);
   args.o = placed(plan.o);
   if (with_lse) args.lse = placed(plan.lse);
-  args.causal = causal;
+  args.causal = masking.causal;
+  args.window_left = masking.window_left;
+  args.window_right = masking.window_right;
+  args.softcap = masking.softcap;
   return args;
 }
 

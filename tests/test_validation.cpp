@@ -27,7 +27,7 @@ const Problem kProblem{2, 33, 65, 8, 2, 128};
 
 ForwardArgs valid_args(DType dtype = DType::kBFloat16, const Problem& problem = kProblem) {
   const ForwardPlan plan = contiguous_plan(problem, dtype);
-  return bind_args(plan, fake_bases(plan), /*with_lse=*/true, /*causal=*/false);
+  return bind_args(plan, fake_bases(plan), /*with_lse=*/true);
 }
 
 char* shifted(void* data, std::int64_t bytes) { return static_cast<char*>(data) + bytes; }
@@ -165,11 +165,29 @@ const InvalidCase kInvalidCases[] = {
     {"softmax_scale_inf", [](ForwardArgs& a) { a.softmax_scale = INFINITY; }, kInvalid, {"softmax_scale = inf"}},
     {"softmax_scale_negative", [](ForwardArgs& a) { a.softmax_scale = -1.f; }, kInvalid,
      {"softmax_scale = -1", ">= 0"}},
+    // window and softcap
+    {"window_left_below_minus_one", [](ForwardArgs& a) { a.window_left = -2; }, kInvalid,
+     {"window_left = -2", "-1 (unbounded) or a width >= 0"}},
+    {"window_right_below_minus_one", [](ForwardArgs& a) { a.window_right = -5; }, kInvalid, {"window_right = -5"}},
+    {"causal_with_right_window",
+     [](ForwardArgs& a) {
+       a.causal = true;
+       a.window_right = 3;
+     },
+     kInvalid, {"window_right = 3", "-1 or 0 with causal"}},
+    {"softcap_nan", [](ForwardArgs& a) { a.softcap = std::nanf(""); }, kInvalid, {"softcap = nan", "finite"}},
+    {"softcap_negative", [](ForwardArgs& a) { a.softcap = -2.f; }, kInvalid, {"softcap = -2", ">= 0 (0: off)"}},
     // valid but not supported
-    {"head_dim_96", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 96; },
-     kNotSupported, {"q.shape[3] (head_dim) = 96", "64, 128 and 256"}},
+    {"head_dim_80", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 80; },
+     kNotSupported, {"q.shape[3] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
     {"head_dim_v_differs_from_head_dim", [](ForwardArgs& a) { a.v.shape[3] = a.o.shape[3] = 64; }, kNotSupported,
-     {"v.shape[3] (head_dim_v) = 64", "head_dim_v == head_dim (128)"}},
+     {"v.shape[3] (head_dim_v) = 64", "expected head_dim (128);", "(192, 128) only"}},
+    {"head_dim_192_head_dim_v_64",
+     [](ForwardArgs& a) {
+       a.q.shape[3] = a.k.shape[3] = 192;
+       a.v.shape[3] = a.o.shape[3] = 64;
+     },
+     kNotSupported, {"v.shape[3] (head_dim_v) = 64", "expected head_dim (192) or 128"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Validation, InvalidArguments, ::testing::ValuesIn(kInvalidCases),
@@ -199,7 +217,26 @@ const ValidCase kValidCases[] = {
     {"bf16", [] { return valid_args(DType::kBFloat16); }},
     {"fp16", [] { return valid_args(DType::kFloat16); }},
     {"head_dim_64", [] { return with_problem({2, 33, 65, 8, 2, 64}); }},
+    {"head_dim_96", [] { return with_problem({2, 33, 65, 8, 2, 96}); }},
+    {"head_dim_192", [] { return with_problem({2, 33, 65, 8, 2, 192}); }},
+    {"head_dim_192_head_dim_v_128", [] { return with_problem({2, 33, 65, 8, 2, 192, 128}); }},
     {"head_dim_256", [] { return with_problem({2, 33, 65, 8, 2, 256}); }},
+    {"sliding_window_softcap",
+     [] {
+       ForwardArgs args = valid_args();
+       args.window_left = 0;
+       args.window_right = 7;
+       args.softcap = 30.f;
+       return args;
+     }},
+    {"causal_window_left",
+     [] {
+       ForwardArgs args = valid_args();
+       args.causal = true;
+       args.window_left = 100;
+       args.window_right = 0;
+       return args;
+     }},
     {"without_lse",
      [] {
        ForwardArgs args = valid_args();
@@ -217,14 +254,14 @@ const ValidCase kValidCases[] = {
     {"seqlen_q_0_null_q_o_lse",
      [] {
        const ForwardPlan plan = contiguous_plan({1, 0, 5, 2, 1, 128}, DType::kBFloat16);
-       return bind_args(plan, {nullptr, fake_bases(plan)[1], fake_bases(plan)[2], nullptr, nullptr}, true, true);
+       return bind_args(plan, {nullptr, fake_bases(plan)[1], fake_bases(plan)[2], nullptr, nullptr}, true, Masking{/*causal=*/true});
      }},
     {"seqlen_k_0_null_k_v",
      [] {
        const ForwardPlan plan = contiguous_plan({1, 5, 0, 2, 1, 128}, DType::kBFloat16);
        std::vector<void*> bases = fake_bases(plan);
        bases[1] = bases[2] = nullptr;
-       return bind_args(plan, bases, true, true);
+       return bind_args(plan, bases, true, Masking{/*causal=*/true});
      }},
     {"seqlen_at_int32_max",
      [] {
@@ -235,7 +272,7 @@ const ValidCase kValidCases[] = {
     {"packed_qkv_padded_o_and_lse",
      [] {
        const ForwardPlan plan = strided_plan({2, 40, 40, 8, 2, 128}, DType::kFloat16);
-       return bind_args(plan, fake_bases(plan), true, false);
+       return bind_args(plan, fake_bases(plan), true);
      }},
     {"unaligned_but_unused_lse_absent",
      [] {
@@ -258,7 +295,7 @@ TEST(Validation, WorkspaceSizeNeedsAnOutputPointer) {
 TEST(ForwardParams, FlattensPackedLayout) {
   const Problem problem{2, 40, 40, 8, 2, 64};
   const ForwardPlan plan = strided_plan(problem, DType::kFloat16);
-  ForwardArgs args = bind_args(plan, fake_bases(plan), true, true);
+  ForwardArgs args = bind_args(plan, fake_bases(plan), true, Masking{/*causal=*/true});
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
 
   const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
@@ -295,9 +332,51 @@ TEST(ForwardParams, FlattensPackedLayout) {
   EXPECT_EQ(params.lse_row_stride, 1);
 
   EXPECT_FLOAT_EQ(params.softmax_scale, 0.125f);  // 1 / sqrt(64)
-  EXPECT_TRUE(params.causal);
+  // Causal: the band (unbounded, 0), the left side written as seqlen_k.
+  EXPECT_TRUE(params.local);
+  EXPECT_EQ(params.window_left, 40);
+  EXPECT_EQ(params.window_right, 0);
+  EXPECT_EQ(params.softcap, 0.f);
   EXPECT_EQ(params.device, 0);
 }
+
+struct WindowCase {
+  const char* name;
+  int seqlen_q, seqlen_k;
+  bool causal;
+  int window_left, window_right;
+  bool local;  // expected: the band hides some key from some query
+  int left, right;  // expected widths in ForwardParams
+};
+
+class ForwardParamsWindow : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(ForwardParamsWindow, BandWidthsAndWhetherItMasks) {
+  const WindowCase& c = GetParam();
+  ForwardArgs args = with_problem({1, c.seqlen_q, c.seqlen_k, 2, 1, 128});
+  args.causal = c.causal;
+  args.window_left = c.window_left;
+  args.window_right = c.window_right;
+  ASSERT_TRUE(flashhop::validate_forward(args).ok());
+  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
+  EXPECT_EQ(params.local, c.local);
+  EXPECT_EQ(params.window_left, c.left);
+  EXPECT_EQ(params.window_right, c.right);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Windows, ForwardParamsWindow,
+    ::testing::Values(WindowCase{"none", 100, 300, false, -1, -1, false, 300, 100},
+                      WindowCase{"causal", 100, 300, true, -1, -1, true, 300, 0},
+                      WindowCase{"causal_window_right_0", 100, 300, true, -1, 0, true, 300, 0},
+                      WindowCase{"both_sides", 100, 300, false, 3, 5, true, 3, 5},
+                      // Wide enough for every row: the last row reaches key 0, the first the last key.
+                      WindowCase{"covers_everything", 100, 300, false, 299, 99, false, 299, 99},
+                      WindowCase{"one_short_on_the_left", 100, 300, false, 298, 99, true, 298, 99},
+                      WindowCase{"one_short_on_the_right", 100, 300, false, 299, 98, true, 299, 98},
+                      // One query row at the bottom sees every key under a causal mask (decoding).
+                      WindowCase{"causal_single_query", 1, 300, true, -1, -1, false, 300, 0}),
+    [](const ::testing::TestParamInfo<WindowCase>& info) { return info.param.name; });
 
 TEST(ForwardParams, GivenScaleAndAbsentLse) {
   ForwardArgs args = valid_args();
@@ -307,7 +386,7 @@ TEST(ForwardParams, GivenScaleAndAbsentLse) {
   const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
   EXPECT_EQ(params.softmax_scale, 0.3f);
   EXPECT_EQ(params.lse, nullptr);
-  EXPECT_FALSE(params.causal);
+  EXPECT_FALSE(params.local);
   EXPECT_EQ(params.device, 3);
 }
 

@@ -7,9 +7,14 @@
 //   O   (batch, seqlen_q, nheads,    dv)
 //   LSE (batch, nheads, seqlen_q), float32, natural log; optional.
 // Strides are in elements; the last dimension must be contiguous and every other stride must give
-// 16-byte aligned rows. nheads % nheads_kv == 0 (GQA / MQA). Causal masking is aligned to the
-// bottom-right corner: query i attends to keys j <= i + seqlen_k - seqlen_q. A fully masked row gives
-// O = 0 and LSE = -inf.
+// 16-byte aligned rows. nheads % nheads_kv == 0 (GQA / MQA). Head dims (d, dv): 64, 96, 128, 192,
+// 256 with dv = d, and (192, 128).
+//
+// Masks are aligned to the bottom-right corner, as FlashAttention's: with offset = seqlen_k - seqlen_q,
+// causal lets query i attend to keys j <= i + offset; a sliding window (window_left, window_right)
+// to keys i + offset - window_left <= j <= i + offset + window_right, -1 meaning unbounded on that
+// side. Causal with a window is the window with window_right = 0. A fully masked row gives O = 0
+// and LSE = -inf.
 //
 // Every call is asynchronous on the caller's stream, allocates nothing and keeps no global state.
 #pragma once
@@ -66,6 +71,8 @@ struct ForwardArgs {
   std::optional<TensorDesc> lse;             // written when present
   std::optional<float> softmax_scale;        // default 1 / sqrt(d)
   bool causal = false;
+  int window_left = -1, window_right = -1;   // sliding window; -1: unbounded (with causal, window_right is 0 or -1)
+  float softcap = 0.f;                       // > 0: scores s = softmax_scale q.k become softcap * tanh(s / softcap)
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first).

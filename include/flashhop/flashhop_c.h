@@ -32,11 +32,17 @@ typedef struct {
   int device;
 } flashhop_tensor_t;
 
+/* A zero-initialised struct asks for plain attention with the default scale; the fields mean what
+ * flashhop::ForwardArgs's do (flashhop.h). */
 typedef struct {
   flashhop_tensor_t q, k, v, o;
   const flashhop_tensor_t* lse; /* NULL: not written */
   float softmax_scale;          /* 0: default 1/sqrt(d) */
   int causal;                   /* 0 or 1 */
+  int use_window;               /* 0: no sliding window; 1: window_left and window_right apply */
+  int window_left;              /* with use_window: keys left of the diagonal, -1 unbounded */
+  int window_right;             /* with use_window: keys right of the diagonal, -1 unbounded */
+  float softcap;                /* 0: off; > 0: scores s become softcap * tanh(s / softcap) */
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

@@ -1,6 +1,6 @@
-// Runtime arguments become template arguments here, once: dtype -> element type, head dim ->
-// constant, causal -> mask policy. Configurations left out of the build (FLASHHOP_DTYPES,
-// FLASHHOP_HEAD_DIMS) answer kNotSupported.
+// Runtime arguments become template arguments here, once: dtype -> element type, (head dim,
+// head dim of V) -> constants, mask -> policy. Configurations left out of the build
+// (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include <string>
 #include <type_traits>
 
@@ -10,45 +10,63 @@
 namespace flashhop::detail {
 namespace {
 
-template <class Element, int kHeadDim>
-Status launch_with_mask(ForwardParams const& p, cudaStream_t stream) {
-  return p.causal ? sm90::launch_forward<Element, kHeadDim, sm90::CausalMask>(p, stream)
-                  : sm90::launch_forward<Element, kHeadDim, sm90::NoMask>(p, stream);
-}
-
 Status not_built(ForwardParams const& p) {
   return {StatusCode::kNotSupported, std::string("forward kernel for dtype ") + dtype_name(p.dtype) +
-                                         " and head_dim " + std::to_string(p.head_dim) +
+                                         " and head_dim " + std::to_string(p.head_dim) + ", head_dim_v " +
+                                         std::to_string(p.head_dim_v) +
                                          " is not compiled into this build (see FLASHHOP_DTYPES and "
                                          "FLASHHOP_HEAD_DIMS)"};
 }
 
-// Which (element, head dim) pairs this build compiled; CMake defines FLASHHOP_HAS_FWD_*.
-template <class Element, int kHeadDim>
+// Which (element, d, dv) configurations this build compiled; CMake defines FLASHHOP_HAS_FWD_*.
+template <class Element, int kHeadDim, int kHeadDimV>
 struct IsBuilt : std::false_type {};
+#define FLASHHOP_BUILT(Element, kHeadDim, kHeadDimV) \
+  template <>                                        \
+  struct IsBuilt<Element, kHeadDim, kHeadDimV> : std::true_type {};
 #if defined(FLASHHOP_HAS_FWD_BF16_HDIM64)
-template <> struct IsBuilt<cutlass::bfloat16_t, 64> : std::true_type {};
+FLASHHOP_BUILT(cutlass::bfloat16_t, 64, 64)
+#endif
+#if defined(FLASHHOP_HAS_FWD_BF16_HDIM96)
+FLASHHOP_BUILT(cutlass::bfloat16_t, 96, 96)
 #endif
 #if defined(FLASHHOP_HAS_FWD_BF16_HDIM128)
-template <> struct IsBuilt<cutlass::bfloat16_t, 128> : std::true_type {};
+FLASHHOP_BUILT(cutlass::bfloat16_t, 128, 128)
+#endif
+#if defined(FLASHHOP_HAS_FWD_BF16_HDIM192)
+FLASHHOP_BUILT(cutlass::bfloat16_t, 192, 192)
+#endif
+#if defined(FLASHHOP_HAS_FWD_BF16_HDIM192X128)
+FLASHHOP_BUILT(cutlass::bfloat16_t, 192, 128)
 #endif
 #if defined(FLASHHOP_HAS_FWD_BF16_HDIM256)
-template <> struct IsBuilt<cutlass::bfloat16_t, 256> : std::true_type {};
+FLASHHOP_BUILT(cutlass::bfloat16_t, 256, 256)
 #endif
 #if defined(FLASHHOP_HAS_FWD_FP16_HDIM64)
-template <> struct IsBuilt<cutlass::half_t, 64> : std::true_type {};
+FLASHHOP_BUILT(cutlass::half_t, 64, 64)
+#endif
+#if defined(FLASHHOP_HAS_FWD_FP16_HDIM96)
+FLASHHOP_BUILT(cutlass::half_t, 96, 96)
 #endif
 #if defined(FLASHHOP_HAS_FWD_FP16_HDIM128)
-template <> struct IsBuilt<cutlass::half_t, 128> : std::true_type {};
+FLASHHOP_BUILT(cutlass::half_t, 128, 128)
+#endif
+#if defined(FLASHHOP_HAS_FWD_FP16_HDIM192)
+FLASHHOP_BUILT(cutlass::half_t, 192, 192)
+#endif
+#if defined(FLASHHOP_HAS_FWD_FP16_HDIM192X128)
+FLASHHOP_BUILT(cutlass::half_t, 192, 128)
 #endif
 #if defined(FLASHHOP_HAS_FWD_FP16_HDIM256)
-template <> struct IsBuilt<cutlass::half_t, 256> : std::true_type {};
+FLASHHOP_BUILT(cutlass::half_t, 256, 256)
 #endif
+#undef FLASHHOP_BUILT
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV>
 Status launch_if_built(ForwardParams const& p, cudaStream_t stream) {
-  if constexpr (IsBuilt<Element, kHeadDim>::value) {
-    return launch_with_mask<Element, kHeadDim>(p, stream);
+  if constexpr (IsBuilt<Element, kHeadDim, kHeadDimV>::value) {
+    return p.local ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, sm90::LocalMask>(p, stream)
+                   : sm90::launch_forward<Element, kHeadDim, kHeadDimV, sm90::NoMask>(p, stream);
   } else {
     return not_built(p);
   }
@@ -58,11 +76,16 @@ template <class Element>
 Status launch_with_head_dim(ForwardParams const& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64:
-      return launch_if_built<Element, 64>(p, stream);
+      return launch_if_built<Element, 64, 64>(p, stream);
+    case 96:
+      return launch_if_built<Element, 96, 96>(p, stream);
     case 128:
-      return launch_if_built<Element, 128>(p, stream);
+      return launch_if_built<Element, 128, 128>(p, stream);
+    case 192:
+      return p.head_dim_v == 128 ? launch_if_built<Element, 192, 128>(p, stream)
+                                 : launch_if_built<Element, 192, 192>(p, stream);
     case 256:
-      return launch_if_built<Element, 256>(p, stream);
+      return launch_if_built<Element, 256, 256>(p, stream);
     default:
       return not_built(p);
   }

@@ -70,6 +70,10 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
     return {flashhop::StatusCode::kInvalidArgument,
             "causal = " + std::to_string(args->causal) + ": expected 0 or 1"};
   }
+  if (args->use_window != 0 && args->use_window != 1) {
+    return {flashhop::StatusCode::kInvalidArgument,
+            "use_window = " + std::to_string(args->use_window) + ": expected 0 or 1"};
+  }
   out->q = to_cpp(args->q);
   out->k = to_cpp(args->k);
   out->v = to_cpp(args->v);
@@ -77,6 +81,11 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
   if (args->lse != nullptr) out->lse = to_cpp(*args->lse);
   if (args->softmax_scale != 0.f) out->softmax_scale = args->softmax_scale;
   out->causal = args->causal == 1;
+  if (args->use_window == 1) {
+    out->window_left = args->window_left;
+    out->window_right = args->window_right;
+  }
+  out->softcap = args->softcap;
   return flashhop::Status::success();
 }
 

@@ -26,7 +26,13 @@ struct ForwardParams {
   std::int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
 
   float softmax_scale = 1.f;
-  bool causal = false;
+  float softcap = 0.f;  // > 0: scores become softcap * tanh(softmax_scale * q.k / softcap)
+  // The visible band, aligned to the bottom-right corner: query i sees keys j with
+  // i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right.
+  // Both are >= 0 here: an unbounded side is written as a width that reaches past every key
+  // (window_left = seqlen_k, window_right = seqlen_q); causal is window_right = 0.
+  int window_left = 0, window_right = 0;
+  bool local = false;  // the band hides some key from some query (else no mask is needed)
   int device = 0;
 };
 

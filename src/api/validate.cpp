@@ -157,15 +157,33 @@ constexpr const char* kVDims[] = {"batch", "seqlen_k", "nheads_kv", "head_dim_v"
 constexpr const char* kODims[] = {"batch", "seqlen_q", "nheads", "head_dim_v"};
 constexpr const char* kLseDims[] = {"batch", "nheads", "seqlen_q"};
 
+// The (head_dim, head_dim_v) pairs the kernels are written for.
 Status check_supported_head_dims(const Operand& q, const Operand& v) {
-  const std::int64_t head_dim = q.dim(3);
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+  const std::int64_t head_dim = q.dim(3), head_dim_v = v.dim(3);
+  if (head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
     return fail(StatusCode::kNotSupported, dim_label(q, 3), " = ", head_dim,
-                ": supported head dims are 64, 128 and 256");
+                ": supported head dims are 64, 96, 128, 192 and 256");
   }
-  if (v.dim(3) != head_dim) {
-    return fail(StatusCode::kNotSupported, dim_label(v, 3), " = ", v.dim(3), ": only head_dim_v == head_dim (",
-                head_dim, ") is supported");
+  if (head_dim_v != head_dim && !(head_dim == 192 && head_dim_v == 128)) {
+    return fail(StatusCode::kNotSupported, dim_label(v, 3), " = ", head_dim_v, ": expected head_dim (", head_dim,
+                ")", head_dim == 192 ? " or 128" : "", "; head_dim_v != head_dim is supported for (192, 128) only");
+  }
+  return Status::success();
+}
+
+Status check_mask_and_softcap(const ForwardArgs& args) {
+  if (args.window_left < -1) {
+    return invalid("window_left = ", args.window_left, ": expected -1 (unbounded) or a width >= 0");
+  }
+  if (args.window_right < -1) {
+    return invalid("window_right = ", args.window_right, ": expected -1 (unbounded) or a width >= 0");
+  }
+  if (args.causal && args.window_right > 0) {
+    return invalid("window_right = ", args.window_right,
+                   ": expected -1 or 0 with causal (causal sees no key to the right of the diagonal)");
+  }
+  if (!(std::isfinite(args.softcap) && args.softcap >= 0.f)) {
+    return invalid("softcap = ", args.softcap, ": expected a finite value >= 0 (0: off)");
   }
   return Status::success();
 }
@@ -231,6 +249,7 @@ Status validate_forward(const ForwardArgs& args) {
     return invalid("softmax_scale = ", *args.softmax_scale,
                    ": expected a finite value >= 0 (or none for 1/sqrt(head_dim))");
   }
+  if (Status status = check_mask_and_softcap(args); !status.ok()) return status;
   return check_supported_head_dims(q, v);
 }
 
@@ -273,7 +292,16 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
 
   params.softmax_scale =
       args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
-  params.causal = args.causal;
+  params.softcap = args.softcap;
+
+  // The band in non-negative widths: an unbounded side reaches past every key. The band hides
+  // nothing when each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and
+  // on to the last key (the first row, window_right >= seqlen_q - 1).
+  const int right = args.causal ? 0 : args.window_right;
+  params.window_left = args.window_left < 0 ? params.seqlen_k : args.window_left;
+  params.window_right = right < 0 ? params.seqlen_q : right;
+  params.local = static_cast<std::int64_t>(params.window_left) < std::int64_t{params.seqlen_k} - 1 ||
+                 static_cast<std::int64_t>(params.window_right) < std::int64_t{params.seqlen_q} - 1;
   params.device = args.q.device;
   return params;
 }

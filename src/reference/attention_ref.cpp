@@ -39,18 +39,27 @@ void run_tasks(std::int64_t count, const MakeRunner& make_runner) {
   for (std::thread& helper : helpers) helper.join();
 }
 
-// Keys [0, key_end) are visible to query row `row`: causal masking is aligned to the bottom-right
-// corner, so row i sees keys j <= i + seqlen_k - seqlen_q (none when that is negative).
-std::int64_t key_end(const AttentionShape& s, bool causal, std::int64_t row) {
-  if (!causal) return s.seqlen_k;
-  return std::clamp<std::int64_t>(row + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k);
+// Keys [begin, end) are visible to query row `row`; masks are aligned to the bottom-right corner.
+struct VisibleKeys {
+  std::int64_t begin, end;
+};
+VisibleKeys visible_keys(const AttentionShape& s, const ScoreOptions& options, std::int64_t row) {
+  const std::int64_t diagonal = row + s.seqlen_k - s.seqlen_q;
+  const int right = options.causal ? 0 : options.window_right;
+  std::int64_t begin = options.window_left < 0 ? 0 : diagonal - options.window_left;
+  std::int64_t end = right < 0 ? s.seqlen_k : diagonal + right + 1;
+  begin = std::clamp<std::int64_t>(begin, 0, s.seqlen_k);
+  end = std::clamp<std::int64_t>(end, 0, s.seqlen_k);
+  return {begin, std::max(begin, end)};
 }
 
 // Attention with every sum in `Real`; round_probability(p) is applied to each unnormalised
 // probability exp(s - max) before the P V product (but not to the row sum, as in the kernels).
 template <typename Real, typename RoundProbability>
-void attend(const AttentionShape& s, const float* q, const float* k, const float* v, Real scale, bool causal,
+void attend(const AttentionShape& s, const float* q, const float* k, const float* v, const ScoreOptions& options,
             RoundProbability round_probability, std::vector<Real>* o, std::vector<Real>* lse) {
+  const Real scale = static_cast<Real>(options.softmax_scale);
+  const Real softcap = static_cast<Real>(options.softcap);
   if (s.nheads_kv < 1 || s.nheads % s.nheads_kv != 0) {
     throw std::invalid_argument("reference attention: nheads must be a positive multiple of nheads_kv");
   }
@@ -62,7 +71,7 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
 
   auto make_runner = [&] {
     std::vector<Real> q_block_t(d * kRowBlock);  // (head_dim, kRowBlock): Q block transposed
-    std::vector<Real> probs;                     // (keys, kRowBlock): scores, then probabilities
+    std::vector<Real> probs;                     // (block keys, kRowBlock): scores, then probabilities
     std::vector<Real> o_block(kRowBlock * dv);   // (kRowBlock, head_dim_v): unnormalised O
     return [&, q_block_t, probs, o_block](std::int64_t task) mutable {
       const std::int64_t b = task / (s.nheads * row_blocks);
@@ -70,8 +79,11 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
       const std::int64_t kv_head = h / heads_per_kv_head;
       const std::int64_t row_begin = task % row_blocks * kRowBlock;
       const std::int64_t rows = std::min<std::int64_t>(kRowBlock, s.seqlen_q - row_begin);
-      // Rows see more keys further down, so the block's last row bounds the keys it reads.
-      const std::int64_t block_keys = key_end(s, causal, row_begin + rows - 1);
+      // Both ends of the visible keys move right row by row, so the block's first and last rows
+      // bound the keys it reads: [key_begin, key_begin + block_keys).
+      const std::int64_t key_begin = visible_keys(s, options, row_begin).begin;
+      const std::int64_t block_keys =
+          std::max<std::int64_t>(visible_keys(s, options, row_begin + rows - 1).end - key_begin, 0);
 
       // Rows past the end of the sequence stay zero and are never written out.
       std::fill(q_block_t.begin(), q_block_t.end(), Real(0));
@@ -82,33 +94,40 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
 
       probs.resize(block_keys * kRowBlock);
       for (std::int64_t j = 0; j < block_keys; ++j) {
-        const float* k_row = k + ((b * s.seqlen_k + j) * s.nheads_kv + kv_head) * d;
+        const float* k_row = k + ((b * s.seqlen_k + key_begin + j) * s.nheads_kv + kv_head) * d;
         Real dots[kRowBlock] = {};
         for (std::int64_t c = 0; c < d; ++c) {
           const Real k_value = k_row[c];
           for (int r = 0; r < kRowBlock; ++r) dots[r] += q_block_t[c * kRowBlock + r] * k_value;
         }
-        for (int r = 0; r < kRowBlock; ++r) probs[j * kRowBlock + r] = dots[r] * scale;
+        for (int r = 0; r < kRowBlock; ++r) {
+          const Real score = dots[r] * scale;
+          probs[j * kRowBlock + r] = softcap > 0 ? softcap * std::tanh(score / softcap) : score;
+        }
       }
 
-      // Softmax per row, max-subtracted; masked keys get probability 0.
+      // Softmax per row over its visible keys, max-subtracted; the other keys get probability 0.
       Real row_sums[kRowBlock] = {};
       for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t visible = key_end(s, causal, row_begin + r);
+        const VisibleKeys visible = visible_keys(s, options, row_begin + r);
+        const std::int64_t first = visible.begin - key_begin, last = visible.end - key_begin;
         Real row_max = -std::numeric_limits<Real>::infinity();
-        for (std::int64_t j = 0; j < visible; ++j) row_max = std::max(row_max, probs[j * kRowBlock + r]);
-        for (std::int64_t j = 0; j < visible; ++j) {
+        for (std::int64_t j = first; j < last; ++j) row_max = std::max(row_max, probs[j * kRowBlock + r]);
+        for (std::int64_t j = 0; j < block_keys; ++j) {
+          if (j < first || j >= last) {
+            probs[j * kRowBlock + r] = 0;
+            continue;
+          }
           const Real p = std::exp(probs[j * kRowBlock + r] - row_max);
           row_sums[r] += p;
           probs[j * kRowBlock + r] = round_probability(p);
         }
-        for (std::int64_t j = visible; j < block_keys; ++j) probs[j * kRowBlock + r] = 0;
-        if (visible > 0) (*lse)[(b * s.nheads + h) * s.seqlen_q + row_begin + r] = row_max + std::log(row_sums[r]);
+        if (last > first) (*lse)[(b * s.nheads + h) * s.seqlen_q + row_begin + r] = row_max + std::log(row_sums[r]);
       }
 
       std::fill(o_block.begin(), o_block.end(), Real(0));
       for (std::int64_t j = 0; j < block_keys; ++j) {
-        const float* v_row = v + ((b * s.seqlen_k + j) * s.nheads_kv + kv_head) * dv;
+        const float* v_row = v + ((b * s.seqlen_k + key_begin + j) * s.nheads_kv + kv_head) * dv;
         for (std::int64_t r = 0; r < rows; ++r) {
           const Real p = probs[j * kRowBlock + r];
           Real* o_row = &o_block[r * dv];
@@ -118,7 +137,8 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
 
       // A row with no visible key keeps O = 0 and LSE = -inf from the initialisation.
       for (std::int64_t r = 0; r < rows; ++r) {
-        if (key_end(s, causal, row_begin + r) == 0) continue;
+        const VisibleKeys visible = visible_keys(s, options, row_begin + r);
+        if (visible.end == visible.begin) continue;
         Real* out = o->data() + ((b * s.seqlen_q + row_begin + r) * s.nheads + h) * dv;
         for (std::int64_t c = 0; c < dv; ++c) out[c] = o_block[r * dv + c] / row_sums[r];
       }
@@ -134,17 +154,17 @@ float keep_float(float x) { return x; }
 }  // namespace
 
 void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v,
-                       double softmax_scale, bool causal, std::vector<double>* o, std::vector<double>* lse) {
-  attend<double>(shape, q, k, v, softmax_scale, causal, [](double p) { return p; }, o, lse);
+                       const ScoreOptions& options, std::vector<double>* o, std::vector<double>* lse) {
+  attend<double>(shape, q, k, v, options, [](double p) { return p; }, o, lse);
 }
 
 void attention_forward_low_precision(const AttentionShape& shape, const float* q, const float* k,
-                                     const float* v, double softmax_scale, bool causal, DType dtype,
+                                     const float* v, const ScoreOptions& options, DType dtype,
                                      std::vector<float>* o, std::vector<float>* lse) {
   float (*round_to_dtype)(float) = keep_float;
   if (dtype == DType::kBFloat16) round_to_dtype = round_to_bf16;
   if (dtype == DType::kFloat16) round_to_dtype = round_to_fp16;
-  attend<float>(shape, q, k, v, static_cast<float>(softmax_scale), causal, round_to_dtype, o, lse);
+  attend<float>(shape, q, k, v, options, round_to_dtype, o, lse);
   for (float& value : *o) value = round_to_dtype(value);
 }
 

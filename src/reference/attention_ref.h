@@ -1,5 +1,6 @@
 // CPU reference attention in double precision, with flashhop's conventions (GQA, bottom-right
-// causal, LSE in natural log, fully masked rows give O = 0 and LSE = -inf). For tests and
+// causal and sliding-window masks, soft-capping, LSE in natural log, fully masked rows give O = 0
+// and LSE = -inf). For tests and
 // flashhop-bench --check; deliberately the plain formula, not the tiled algorithm.
 #pragma once
 
@@ -15,19 +16,29 @@ struct AttentionShape {
   int head_dim = 0, head_dim_v = 0;
 };
 
+// What happens to the scores, as in flashhop::ForwardArgs: s = softmax_scale q.k, then
+// softcap * tanh(s / softcap) when softcap > 0; query i sees keys j with
+// i + offset - window_left <= j <= i + offset + window_right (offset = seqlen_k - seqlen_q, -1 =
+// unbounded; causal bounds the right side at 0).
+struct ScoreOptions {
+  double softmax_scale = 1.0;
+  double softcap = 0.0;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+};
+
 // Inputs are contiguous: q (batch, seqlen_q, nheads, head_dim), k (batch, seqlen_k, nheads_kv,
 // head_dim), v (batch, seqlen_k, nheads_kv, head_dim_v). Outputs are resized and filled:
 // o (batch, seqlen_q, nheads, head_dim_v), lse (batch, nheads, seqlen_q).
 void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v,
-                       double softmax_scale, bool causal, std::vector<double>* o,
-                       std::vector<double>* lse);
+                       const ScoreOptions& options, std::vector<double>* o, std::vector<double>* lse);
 
 // The same attention at the precision a fused kernel keeps: scores, softmax and the P V sums in
 // float, the unnormalised probabilities rounded to `dtype` before the P V product, O rounded to
 // `dtype` at the end (float32: no rounding). Its distance from attention_forward() is the yardstick
 // for a kernel's error (FlashAttention's rule: kernel error <= 2 x this error + a small term).
 void attention_forward_low_precision(const AttentionShape& shape, const float* q, const float* k,
-                                     const float* v, double softmax_scale, bool causal, DType dtype,
+                                     const float* v, const ScoreOptions& options, DType dtype,
                                      std::vector<float>* o, std::vector<float>* lse);
 
 }  // namespace flashhop::reference

@@ -17,18 +17,18 @@ template <class Mainloop>
 struct ForwardEpilogue {
   using Element = typename Mainloop::Element;
   using BlockM = typename Mainloop::BlockM;
-  using HeadDim = typename Mainloop::HeadDim;
+  using HeadDimV = typename Mainloop::HeadDimV;
   using TiledMmaPV = typename Mainloop::TiledMmaPV;
-  // O has Q's shape and takes Q's layout: sharing Q's buffer, each consumer warpgroup then writes
-  // only the rows its own Q K^T GEMMs read, and no cross-warpgroup hazard arises.
-  using SmemLayoutO = typename Mainloop::SmemLayoutQ;
+  // Sharing Q's buffer, each consumer warpgroup writes only the rows its own Q K^T GEMMs read
+  // (Mainloop checks that O's layout allows this), so no cross-warpgroup hazard arises.
+  using SmemLayoutO = typename Mainloop::SmemLayoutO;  // (kBlockM, dv)
   static constexpr bool kOwnBuffer = Mainloop::kSeparateO;
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;
   };
-  using GmemTensor = typename Mainloop::GmemTensor;
+  using GmemTensor = typename Mainloop::GmemTensorV;
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{},
-                                            cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
+                                            cute::Shape<BlockM, HeadDimV>{}, cute::_1{}));
 
   struct Params {
     TmaO tma_o;
@@ -40,9 +40,9 @@ struct ForwardEpilogue {
   static Params to_params(detail::ForwardParams const& p) {
     using namespace cute;
     auto mO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.o)),
-                          make_shape(p.seqlen_q, HeadDim{}, p.nheads, p.batch),
+                          make_shape(p.seqlen_q, HeadDimV{}, p.nheads, p.batch),
                           make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
-    return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutO{}, Shape<BlockM, HeadDim>{}, _1{}),
+    return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutO{}, Shape<BlockM, HeadDimV>{}, _1{}),
             p.lse,
             p.lse_batch_stride,
             p.lse_head_stride,
@@ -64,7 +64,7 @@ struct ForwardEpilogue {
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
 
     if (params.lse != nullptr && thread_idx % 4 == 0) {  // lane 0 of each quad holds its rows' LSE
-      Tensor coords = rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{})));
+      Tensor coords = rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
       float* lse_head = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
       CUTLASS_PRAGMA_UNROLL
       for (int m = 0; m < size<0>(coords); ++m) {
@@ -73,7 +73,7 @@ struct ForwardEpilogue {
       }
     }
 
-    Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});  // (kBlockM, d)
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});  // (kBlockM, dv)
     if constexpr (kOwnBuffer) {
       // The previous tile's TMA store may still be reading the buffer.
       if (thread_idx == 0) tma_store_wait<0>();
@@ -91,8 +91,8 @@ struct ForwardEpilogue {
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
 
     if (thread_idx == 0) {
-      Tensor mO = params.tma_o.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
-      Tensor gO = local_tile(mO(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+      Tensor mO = params.tma_o.get_tma_tensor(make_shape(params.seqlen_q, HeadDimV{}, params.nheads, params.batch));
+      Tensor gO = local_tile(mO(_, _, head, batch), Shape<BlockM, HeadDimV>{}, make_coord(m_block, _0{}));
       auto tma_o = params.tma_o.get_slice(_0{});
       copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
       tma_store_arrive();

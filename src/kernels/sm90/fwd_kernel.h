@@ -24,8 +24,8 @@ struct ForwardKernel {
   using Mask = typename Mainloop::Mask;
   using Element = typename Mainloop::Element;
   using Pipeline = typename Mainloop::Pipeline;
-  // Equal tiles run persistently in query-tile order; causal tiles need balancing.
-  using Scheduler = cute::conditional_t<Mask::kIsCausal, CausalScheduler, StaticPersistentScheduler>;
+  // Equal tiles run persistently in query-tile order; causal and window tiles need balancing.
+  using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
 
   struct NoStorage {};
   struct SharedStorage {
@@ -47,12 +47,19 @@ struct ForwardKernel {
   };
 
   static Params to_params(detail::ForwardParams const& p) {
-    return {Mainloop::to_params(p), Epilogue::to_params(p), Mask{p.seqlen_q, p.seqlen_k},
-            make_scheduler_params(p)};
+    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p)};
+  }
+
+  static Mask make_mask(detail::ForwardParams const& p) {
+    if constexpr (Mask::kIsLocal) {
+      return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+    } else {
+      return {p.seqlen_q, p.seqlen_k};
+    }
   }
 
   static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p) {
-    if constexpr (Mask::kIsCausal) {
+    if constexpr (Mask::kIsLocal) {
       bool const persistent = num_m_blocks(p) <= Mainloop::kTile.causal_persistent_max_m_blocks;
       return Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch, persistent);
     } else {
@@ -68,13 +75,13 @@ struct ForwardKernel {
     using namespace cute;
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
     auto const role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
-    auto const n_block_end = [&](ForwardTile const& tile) {
-      return params.mask.template n_block_end<Mainloop::kBlockM, Mainloop::kBlockN>(tile.m_block);
+    auto const key_blocks = [&](ForwardTile const& tile) {
+      return params.mask.template key_blocks<Mainloop::kBlockM, Mainloop::kBlockN>(tile.m_block);
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
     auto const next_tile_loads = [&](int64_t index) {
       int64_t const next = Scheduler::next_tile(params.scheduler, index);
-      return next < params.scheduler.num_tiles && n_block_end(Scheduler::tile(params.scheduler, next)) > 0;
+      return next < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, next)).empty();
     };
 
     // q_free is arrived by the thread that stored O from Q's buffer, or, with a buffer of its own
@@ -84,15 +91,18 @@ struct ForwardKernel {
       shared.q_full.init(/*arrive_count=*/1);
       shared.q_free.init(kQFreeArrivals);
     }
-    typename Pipeline::Params pipeline_params;
-    pipeline_params.transaction_bytes = Mainloop::kKVTileBytes;
-    pipeline_params.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
-                                                            : Pipeline::ThreadCategory::Consumer;
-    pipeline_params.is_leader = threadIdx.x == 0;
-    pipeline_params.num_consumers = kConsumerThreads;
+    auto const pipeline_params = [&](std::uint32_t tile_bytes) {
+      typename Pipeline::Params params;
+      params.transaction_bytes = tile_bytes;
+      params.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
+                                                     : Pipeline::ThreadCategory::Consumer;
+      params.is_leader = threadIdx.x == 0;
+      params.num_consumers = kConsumerThreads;
+      return params;
+    };
     // The constructors initialise the barriers (warp 0) and fence the initialisation.
-    Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
-    Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    Pipeline pipeline_k(shared.pipeline_k, pipeline_params(Mainloop::kKTileBytes), Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(shared.pipeline_v, pipeline_params(Mainloop::kVTileBytes), Shape<_1, _1, _1>{});
     // Every barrier is initialised before any thread waits on or arrives at one.
     __syncthreads();
 
@@ -109,8 +119,8 @@ struct ForwardKernel {
         for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
              index = Scheduler::next_tile(params.scheduler, index), first = false) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
-          int const n_end = n_block_end(tile);
-          if (n_end <= 0) continue;
+          KeyBlocks const blocks = key_blocks(tile);
+          if (blocks.empty()) continue;
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
           auto const wait_q_free = [&] {
             if (first) return;
@@ -118,7 +128,7 @@ struct ForwardKernel {
             q_free_phase ^= 1;
           };
           Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
-                         tile.head, tile.batch, n_end, wait_q_free);
+                         tile.head, tile.batch, blocks, wait_q_free);
         }
       }
     } else {
@@ -131,7 +141,7 @@ struct ForwardKernel {
       for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
            index = Scheduler::next_tile(params.scheduler, index)) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
-        int const n_end = n_block_end(tile);
+        KeyBlocks const blocks = key_blocks(tile);
         bool const release_q = next_tile_loads(index);
         // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
         // tile loads nothing).
@@ -139,18 +149,18 @@ struct ForwardKernel {
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
         typename Mainloop::TiledMmaPV mma_pv;
-        Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDim>{});
+        Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDimV>{});
         clear(o_accum);
         constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
-        OnlineSoftmax<kRows> softmax(params.mainloop.softmax_scale_log2);
-        if (n_end > 0) {
+        OnlineSoftmax<kRows> softmax(params.mainloop.score_scale_log2);
+        if (!blocks.empty()) {
           Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, q_full_phase, pipeline_k,
-                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, n_end, q_read_done);
+                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks, q_read_done);
           q_full_phase ^= 1;
         } else {
           q_read_done();
         }
-        auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.softmax_scale);
+        auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale);
         Element* const smem_o = [&] {
           if constexpr (Epilogue::kOwnBuffer) {
             return shared.epilogue.o.data();

@@ -1,6 +1,7 @@
 // Mainloop of the sm90 forward kernel: the producer half (TMA loads of Q once and of K/V tiles into
 // a ring of shared-memory stages) and the consumer half (S = Q K^T and O += P V by wgmma, with the
-// online softmax in between). One CTA computes one 128-row query tile of one head.
+// online softmax in between). One CTA computes one 128-row query tile of one head at a time.
+// Q and K have head dim d (kHeadDim), V and O head dim dv (kHeadDimV).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -17,12 +18,13 @@
 
 namespace flashhop::sm90 {
 
-template <class Element_, int kHeadDim_, class Mask_>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_>
 struct ForwardMainloop {
   using Element = Element_;
   using Mask = Mask_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsCausal);
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -32,8 +34,9 @@ struct ForwardMainloop {
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
   using HeadDim = cute::Int<kHeadDim>;
-  using TileShapeQK = cute::Shape<BlockM, BlockN, HeadDim>;  // (M, N, K) of S = Q K^T
-  using TileShapePV = cute::Shape<BlockM, HeadDim, BlockN>;  // (M, N, K) of O = P V
+  using HeadDimV = cute::Int<kHeadDimV>;
+  using TileShapeQK = cute::Shape<BlockM, BlockN, HeadDim>;   // (M, N, K) of S = Q K^T
+  using TileShapePV = cute::Shape<BlockM, HeadDimV, BlockN>;  // (M, N, K) of O = P V
   // The consumer warpgroups split M: warpgroup c computes rows [64 c, 64 c + 64) of the tile.
   using ConsumerAtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
 
@@ -49,52 +52,73 @@ struct ForwardMainloop {
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockM, HeadDim>(),
       cute::Shape<BlockM, HeadDim>{}));  // (kBlockM, d)
-  using SmemLayoutKV = decltype(cute::tile_to_shape(
+  using SmemLayoutK = decltype(cute::tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDim>(),
       cute::Shape<BlockN, HeadDim, cute::Int<kStages>>{}));  // (kBlockN, d, stage)
-  // V^T on V's buffer: (d, kBlockN, stage), the B operand of O = P V.
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDimV>(),
+      cute::Shape<BlockN, HeadDimV, cute::Int<kStages>>{}));  // (kBlockN, dv, stage)
+  // V^T on V's buffer: (dv, kBlockN, stage), the B operand of O = P V.
   using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN, cute::Int<kStages>>{},
-                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+      SmemLayoutV{}, cute::make_ordered_layout(cute::Shape<HeadDimV, BlockN, cute::Int<kStages>>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // O in the epilogue, in the layout Q's would have with dv columns.
+  using SmemLayoutO = decltype(cute::tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockM, HeadDimV>(),
+      cute::Shape<BlockM, HeadDimV>{}));  // (kBlockM, dv)
 
   // TMA tiles are 128-byte swizzled: their buffers start on 1024-byte boundaries.
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;  // O in the epilogue
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
   };
 
-  // O gets a buffer of its own when it fits next to Q and the K/V rings (d <= 128): the producer can
-  // then refill Q as soon as the last S GEMM has read it, while the epilogue still runs.
+  // O gets a buffer of its own when it fits next to Q and the K/V rings: the producer can then
+  // refill Q as soon as the last S GEMM has read it, while the epilogue still runs.
   static constexpr bool kSeparateO =
-      2 * cute::cosize_v<SmemLayoutQ> * sizeof(Element) + 2 * cute::cosize_v<SmemLayoutKV> * sizeof(Element) +
-          2048 <=
+      (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutO> + cute::cosize_v<SmemLayoutK> +
+       cute::cosize_v<SmemLayoutV>) * sizeof(Element) + 2048 <=
       227 * 1024;
+  // Else O is written into Q's buffer. Each consumer warpgroup may write only the bytes of the rows
+  // its own Q K^T GEMMs read: true when O's layout is Q's restricted to the first dv columns, i.e.
+  // equal, or with swizzle atoms of 64 columns stacked over all rows before the next 64 columns.
+  static_assert(kSeparateO || kHeadDimV == kHeadDim || (kHeadDim % 64 == 0 && kHeadDimV % 64 == 0),
+                "O cannot share Q's buffer with these head dims");
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
   static constexpr std::uint32_t kQBytes = cute::size(SmemLayoutQ{}) * sizeof(Element);
-  static constexpr std::uint32_t kKVTileBytes =
-      cute::size(cute::take<0, 2>(SmemLayoutKV{})) * sizeof(Element);
+  static constexpr std::uint32_t kKTileBytes = cute::size(cute::take<0, 2>(SmemLayoutK{})) * sizeof(Element);
+  static constexpr std::uint32_t kVTileBytes = cute::size(cute::take<0, 2>(SmemLayoutV{})) * sizeof(Element);
 
-  // Global tensors as TMA sees them: (seqlen, d, heads, batch), 64-bit strides, d contiguous.
-  using GmemShape = cute::Shape<int32_t, HeadDim, int32_t, int32_t>;
-  using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
-                                                GmemShape{}, GmemStride{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+  // Global tensors as TMA sees them: (seqlen, head dim, heads, batch), 64-bit strides, head dim
+  // contiguous.
+  template <class Dim>
+  using GmemTensorOf = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
+                                                  cute::Shape<int32_t, Dim, int32_t, int32_t>{},
+                                                  cute::Stride<int64_t, cute::_1, int64_t, int64_t>{}));
+  using GmemTensorQK = GmemTensorOf<HeadDim>;  // Q, K
+  using GmemTensorV = GmemTensorOf<HeadDimV>;  // V, O
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, SmemLayoutQ{},
                                             cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
-  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
-                                             cute::take<0, 2>(SmemLayoutKV{}),
-                                             cute::Shape<BlockN, HeadDim>{}, cute::_1{}));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, cute::take<0, 2>(SmemLayoutK{}),
+                                            cute::Shape<BlockN, HeadDim>{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorV{}, cute::take<0, 2>(SmemLayoutV{}),
+                                            cute::Shape<BlockN, HeadDimV>{}, cute::_1{}));
 
   struct Params {
     TmaQ tma_q;
-    TmaKV tma_k, tma_v;
+    TmaK tma_k;
+    TmaV tma_v;
     int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
     int heads_per_kv_head;  // GQA group size
-    float softmax_scale;
-    float softmax_scale_log2;
+    // The softmax runs on kept scores: s = q.k, or tanh(s * softcap_prescale) with soft-capping.
+    // score_scale turns a kept score into the softmax's exponent (natural log units).
+    bool softcap;
+    float softcap_prescale;  // softmax_scale / softcap
+    float score_scale;       // softmax_scale, or softcap with soft-capping
+    float score_scale_log2;  // score_scale * log2(e)
   };
 
   static Params to_params(detail::ForwardParams const& p) {
@@ -102,27 +126,31 @@ struct ForwardMainloop {
     // TMA descriptors need non-empty extents and a non-null address; with seqlen_k == 0 no key tile
     // is ever loaded (n_block_end is 0), so K and V borrow Q's address and a length of one.
     bool const no_keys = p.seqlen_k == 0;
-    auto gmem = [&](void const* ptr, int seqlen, int heads, int64_t row, int64_t head, int64_t batch) {
-      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                         make_shape(seqlen, HeadDim{}, heads, p.batch), make_stride(row, _1{}, head, batch));
+    auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, p.batch),
+                         make_stride(row, _1{}, head, batch));
     };
-    auto mQ = gmem(p.q, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-    auto mK = gmem(no_keys ? p.q : p.k, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.k_row_stride,
+    auto mQ = gmem(p.q, HeadDim{}, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mK = gmem(no_keys ? p.q : p.k, HeadDim{}, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.k_row_stride,
                    p.k_head_stride, p.k_batch_stride);
-    auto mV = gmem(no_keys ? p.q : p.v, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.v_row_stride,
+    auto mV = gmem(no_keys ? p.q : p.v, HeadDimV{}, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.v_row_stride,
                    p.v_head_stride, p.v_batch_stride);
     float constexpr kLog2e = 1.4426950408889634f;
+    bool const softcap = p.softcap > 0.f;
+    float const score_scale = softcap ? p.softcap : p.softmax_scale;
     return {make_tma_copy(SM90_TMA_LOAD{}, mQ, SmemLayoutQ{}, Shape<BlockM, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(SmemLayoutKV{}), Shape<BlockN, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(SmemLayoutKV{}), Shape<BlockN, HeadDim>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(SmemLayoutK{}), Shape<BlockN, HeadDim>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(SmemLayoutV{}), Shape<BlockN, HeadDimV>{}, _1{}),
             p.seqlen_q,
             p.seqlen_k,
             p.nheads,
             p.nheads_kv,
             p.batch,
             p.nheads / p.nheads_kv,
-            p.softmax_scale,
-            p.softmax_scale * kLog2e};
+            softcap,
+            softcap ? p.softmax_scale / p.softcap : 0.f,
+            score_scale,
+            score_scale * kLog2e};
   }
 
   static CUTLASS_DEVICE void prefetch_tma_descriptors(Params const& params) {
@@ -131,27 +159,26 @@ struct ForwardMainloop {
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
 
-  // Producer, one thread, for one tile that visits key tiles [0, n_block_end): the K and V of key
-  // tiles n_block_end - 1 down to 0, each into the next free stage of its ring, and Q. The first
-  // K/V pair goes out before Q, whose buffer may still hold the previous tile's O: `wait_q_free`
-  // returns once the epilogue has released it.
+  // Producer, one thread, for one tile that visits key tiles [blocks.begin, blocks.end): the K and
+  // V of key tiles blocks.end - 1 down to blocks.begin, each into the next free stage of its ring,
+  // and Q. The first K/V pair goes out before Q, whose buffer may still hold the previous tile's O:
+  // `wait_q_free` returns once the epilogue has released it.
   template <class WaitQFree>
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, cutlass::arch::ClusterTransactionBarrier& q_full,
                                   Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& write, int m_block,
-                                  int head, int batch, int n_block_end, WaitQFree const& wait_q_free) {
+                                  int head, int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free) {
     using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});   // (kBlockM, d)
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});  // (kBlockN, d, stage)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutKV{});  // (kBlockN, d, stage)
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});  // (kBlockN, d, stage)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});  // (kBlockN, dv, stage)
     int const head_kv = head / params.heads_per_kv_head;
+    int const seqlen_k = cute::max(params.seqlen_k, 1);  // as in to_params
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(
-        make_shape(cute::max(params.seqlen_k, 1), HeadDim{}, params.nheads_kv, params.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(
-        make_shape(cute::max(params.seqlen_k, 1), HeadDim{}, params.nheads_kv, params.batch));
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
     Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));  // (kBlockM, d)
     Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, d, n)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, d, n)
+    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<BlockN, HeadDimV>{}, make_coord(_, _0{}));  // (kBlockN, dv, n)
 
     auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_k = params.tma_k.get_slice(_0{});
@@ -172,19 +199,19 @@ struct ForwardMainloop {
            tVsV(_, _, _, write.index()));
       ++write;
     };
-    load_kv(n_block_end - 1);
+    load_kv(blocks.end - 1);
     wait_q_free();
     using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
     q_full.arrive_and_expect_tx(kQBytes);
     copy(params.tma_q.with(reinterpret_cast<BarrierType&>(q_full)), tQgQ, tQsQ);
-    for (int n_block = n_block_end - 2; n_block >= 0; --n_block) load_kv(n_block);
+    for (int n_block = blocks.end - 2; n_block >= blocks.begin; --n_block) load_kv(n_block);
   }
 
   // Consumer warpgroup `consumer` (thread_idx in [0, 256) over both consumers): accumulates the
-  // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`. `q_phase`
-  // is the phase of q_full that this tile's Q completes; `k_read` is the next K/V stage to read and
-  // is left past this tile's key tiles. `q_read_done()` is called once this warpgroup's last S GEMM
-  // has retired, i.e. it no longer reads Q.
+  // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`, over the
+  // key tiles `blocks` (not empty). `q_phase` is the phase of q_full that this tile's Q completes;
+  // `k_read` is the next K/V stage to read and is left past this tile's key tiles. `q_read_done()`
+  // is called once this warpgroup's last S GEMM has retired, i.e. it no longer reads Q.
   //
   // Intra-warpgroup overlap: S of key tile n is issued before P V of key tile n + 1, so the softmax
   // of tile n runs while the tensor cores do P V; the rescale of O that this softmax owes is paid
@@ -194,11 +221,11 @@ struct ForwardMainloop {
                                  cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
                                  Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
                                  OAccum& o_accum, Softmax& softmax, int thread_idx, int consumer, int m_block,
-                                 int n_block_end, QReadDone const& q_read_done) {
+                                 KeyBlocks const& blocks, QReadDone const& q_read_done) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});  // (d, kBlockN, stage)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});  // (dv, kBlockN, stage)
 
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
@@ -211,11 +238,15 @@ struct ForwardMainloop {
     Tensor coords = rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
 
     int const row_offset = m_block * kBlockM;
-    int const first_masked = mask.template first_masked_n_block<kBlockM, kBlockN>(m_block);
+    // The kept scores of key tile n_block: soft-capped (a uniform branch), then masked.
     auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
+      if (params.softcap) apply_softcap(scores, params.softcap_prescale);
       if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, row_offset, n_block * kBlockN);
       return scores;
+    };
+    auto needs_mask = [&](int n_block) {
+      return n_block >= blocks.right_masked_from || n_block < blocks.left_masked_below;
     };
 
     // P, the converted probabilities of the previous tile, as the register A operand of P V.
@@ -223,7 +254,7 @@ struct ForwardMainloop {
     Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_first.layout()));
 
     q_full.wait(q_phase);
-    int n_block = n_block_end - 1;
+    int n_block = blocks.end - 1;
     MmaTurns::wait_turn(consumer);
     pipeline_k.consumer_wait(k_read);
     warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_first);
@@ -231,8 +262,8 @@ struct ForwardMainloop {
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_read);
     {
-      Tensor scores = n_block >= first_masked ? scores_of(s_first, n_block, true_type{})
-                                              : scores_of(s_first, n_block, false_type{});
+      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{})
+                                          : scores_of(s_first, n_block, false_type{});
       softmax.template update</*kIsFirst=*/true>(scores);
       convert_fragment_into(s_first, p_regs);
     }
@@ -262,9 +293,11 @@ struct ForwardMainloop {
       v_read = k_read;
       ++k_read;
     };
-    // Walking down, the masked key tiles (diagonal, sequence end) come first.
-    for (--n_block; n_block >= 0 && n_block >= first_masked; --n_block) step(n_block, true_type{});
-    for (; n_block >= 0; --n_block) step(n_block, false_type{});
+    // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
+    // tiles, then the tiles cut by its left edge.
+    for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) step(n_block, true_type{});
+    for (; n_block >= blocks.begin && n_block >= blocks.left_masked_below; --n_block) step(n_block, false_type{});
+    for (; n_block >= blocks.begin; --n_block) step(n_block, true_type{});
 
     q_read_done();
     Softmax::rescale(rowcol_view(o_accum), o_scale);

@@ -1,69 +1,104 @@
-// Masks of the sm90 forward kernel as small policies. Each answers three questions for a query
-// tile: how many key tiles it visits ([0, n_block_end)), from which key tile on scores need masking
-// (the loop walks key tiles downwards, so the masked ones come first), and how to mask a score tile.
+// Masks of the sm90 forward kernel as small policies. For a query tile a mask answers which key
+// tiles it visits and which of those need masking (KeyBlocks), and for a query row which keys it
+// sees (RowKeys). The mainloop walks key tiles downwards: first the tiles cut by the right edge of
+// the visible band (the causal diagonal, the end of the keys), then whole tiles, then the tiles cut
+// by its left edge (a sliding window).
 #pragma once
+
+#include <cstdint>
 
 #include <cute/tensor.hpp>
 #include <cutlass/fast_math.h>
 
 namespace flashhop::sm90 {
 
-// Masks keys at and past seqlen_k (the partial last key tile; TMA filled those rows with zeros).
+// Key tiles of one query tile: [begin, end) are visited; tiles >= right_masked_from and tiles
+// < left_masked_below need masking, the others are wholly visible to every row of the tile.
+struct KeyBlocks {
+  int begin, end;
+  int right_masked_from, left_masked_below;
+  CUTLASS_DEVICE bool empty() const { return end <= begin; }
+};
+
+// Keys [begin, end) are visible to one query row.
+struct RowKeys {
+  int begin, end;
+};
+
+// Every key visible; only keys at and past seqlen_k (the partial last key tile, which TMA filled
+// with zeros) are masked.
 struct NoMask {
-  static constexpr bool kIsCausal = false;
+  static constexpr bool kIsLocal = false;
 
   int seqlen_q, seqlen_k;
 
   template <int kBlockM, int kBlockN>
-  CUTLASS_DEVICE int n_block_end(int /*m_block*/) const {
-    return cute::ceil_div(seqlen_k, kBlockN);
+  CUTLASS_DEVICE KeyBlocks key_blocks(int /*m_block*/) const {
+    return {0, cute::ceil_div(seqlen_k, kBlockN), seqlen_k / kBlockN, 0};
   }
-  template <int kBlockM, int kBlockN>
-  CUTLASS_DEVICE int first_masked_n_block(int /*m_block*/) const {
-    return seqlen_k / kBlockN;
-  }
-  // Key column `col` is visible from query row `row` (both global indices).
-  CUTLASS_DEVICE bool visible(int /*row*/, int col) const { return col < seqlen_k; }
+  CUTLASS_DEVICE RowKeys row_keys(int /*row*/) const { return {0, seqlen_k}; }
 };
 
-// Bottom-right aligned causal: query row i sees keys j <= i + (seqlen_k - seqlen_q).
-struct CausalMask {
-  static constexpr bool kIsCausal = true;
+// A band around the diagonal, aligned to the bottom-right corner: query row i sees keys j with
+// i + offset - window_left <= j <= i + offset + window_right, offset = seqlen_k - seqlen_q.
+// Causal attention is the band (unbounded, 0); the host writes an unbounded side as a width that
+// reaches past the keys (window_left = seqlen_k, window_right = seqlen_q).
+struct LocalMask {
+  static constexpr bool kIsLocal = true;
 
   int seqlen_q, seqlen_k;
+  int window_left, window_right;  // >= 0
 
-  CUTLASS_DEVICE int diagonal_offset() const { return seqlen_k - seqlen_q; }
+  // First and one-past-last key row `row` could see, before clipping to [0, seqlen_k).
+  // 64-bit: row + offset + window_right can pass INT32_MAX with an unbounded side.
+  CUTLASS_DEVICE int64_t band_begin(int row) const {
+    return int64_t(row) + seqlen_k - seqlen_q - window_left;
+  }
+  CUTLASS_DEVICE int64_t band_end(int row) const {
+    return int64_t(row) + seqlen_k - seqlen_q + window_right + 1;
+  }
+  static CUTLASS_DEVICE int clip(int64_t key, int seqlen_k) {
+    return static_cast<int>(key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key));
+  }
 
+  // Rows past seqlen_q in the last query tile are computed but never stored, so the tile's rows
+  // count as m_block * kBlockM .. (m_block + 1) * kBlockM - 1 throughout.
   template <int kBlockM, int kBlockN>
-  CUTLASS_DEVICE int n_block_end(int m_block) const {
-    // Last key the tile's bottom valid row sees, plus one; <= 0 when every row is masked.
-    int const key_end = cute::min((m_block + 1) * kBlockM, seqlen_q) + diagonal_offset();
-    return cute::min(cute::ceil_div(seqlen_k, kBlockN), key_end <= 0 ? 0 : cute::ceil_div(key_end, kBlockN));
+  CUTLASS_DEVICE KeyBlocks key_blocks(int m_block) const {
+    int const top_row = m_block * kBlockM;
+    int const bottom_row = top_row + kBlockM - 1;
+    int const key_begin = clip(band_begin(top_row), seqlen_k);
+    int const key_end = clip(band_end(bottom_row), seqlen_k);
+    if (key_end <= key_begin) return {0, 0, 0, 0};
+    KeyBlocks blocks;
+    blocks.begin = key_begin / kBlockN;
+    blocks.end = cute::ceil_div(key_end, kBlockN);
+    // Tile n is whole on the right when even the top row sees its last key (clipping to seqlen_k
+    // also marks the partial last key tile).
+    blocks.right_masked_from = clip(band_end(top_row), seqlen_k) / kBlockN;
+    // Tile n is whole on the left when even the bottom row sees its first key.
+    blocks.left_masked_below = cute::ceil_div(clip(band_begin(bottom_row), seqlen_k), kBlockN);
+    return blocks;
   }
-  template <int kBlockM, int kBlockN>
-  CUTLASS_DEVICE int first_masked_n_block(int m_block) const {
-    // The tile's top row sees keys up to m_block * kBlockM + offset: tiles past that are cut.
-    int const top_row_last_key = m_block * kBlockM + diagonal_offset();
-    int const diagonal = top_row_last_key < 0 ? 0 : (top_row_last_key + 1) / kBlockN;
-    return cute::min(diagonal, seqlen_k / kBlockN);
-  }
-  CUTLASS_DEVICE bool visible(int row, int col) const {
-    return col < seqlen_k && col <= row + diagonal_offset();
+  CUTLASS_DEVICE RowKeys row_keys(int row) const {
+    return {clip(band_begin(row), seqlen_k), clip(band_end(row), seqlen_k)};
   }
 };
 
-// Sets masked scores to -inf. scores_rowcol: (rows, cols) view of the thread's S fragment;
-// coords_rowcol: the same view of an identity tensor giving (row, col) within the tile.
+// Sets the scores of invisible keys to -inf. scores_rowcol: (rows, cols) view of the thread's S
+// fragment; coords_rowcol: the same view of an identity tensor giving (row, col) within the tile.
 template <class Mask, class Scores, class Coords>
 CUTLASS_DEVICE void apply_mask(Mask const& mask, Scores& scores_rowcol, Coords const& coords_rowcol,
                                int row_offset, int col_offset) {
   CUTLASS_PRAGMA_UNROLL
   for (int m = 0; m < cute::size<0>(scores_rowcol); ++m) {
-    int const row = row_offset + cute::get<0>(coords_rowcol(m, 0));
+    // The row's visible keys, shifted into the tile's column coordinates.
+    RowKeys const keys = mask.row_keys(row_offset + cute::get<0>(coords_rowcol(m, 0)));
+    int const begin = keys.begin - col_offset, end = keys.end - col_offset;
     CUTLASS_PRAGMA_UNROLL
     for (int n = 0; n < cute::size<1>(scores_rowcol); ++n) {
-      int const col = col_offset + cute::get<1>(coords_rowcol(m, n));
-      if (!mask.visible(row, col)) scores_rowcol(m, n) = -cutlass::platform::numeric_limits<float>::infinity();
+      int const col = cute::get<1>(coords_rowcol(m, n));
+      if (col < begin || col >= end) scores_rowcol(m, n) = -cutlass::platform::numeric_limits<float>::infinity();
     }
   }
 }

@@ -1,6 +1,7 @@
 // Online softmax over the key tiles of one query tile, in registers (FlashAttention-2/3 form).
 // Each consumer thread holds kRows query rows of S; a row is spread over the 4 threads of a quad.
 // Scores stay unscaled; exp2 with the scale folded into log2(e) turns exp into one FFMA + EX2.
+// With soft-capping the kept score is tanh(s * softmax_scale / softcap) and the scale is softcap.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -24,15 +25,30 @@ CUTLASS_DEVICE float fast_exp2(float x) {
   return y;
 }
 
+// tanh by the MUFU unit (tanh.approx.f32, relative error about 2^-11, below bf16's rounding).
+CUTLASS_DEVICE float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Soft-capping of a score tile (rows, cols): s -> tanh(s * prescale), prescale = softmax_scale / softcap.
+// Masking comes after it, so masked keys still end at -inf.
+template <class Scores>
+CUTLASS_DEVICE void apply_softcap(Scores& scores, float prescale) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < cute::size(scores); ++i) scores(i) = fast_tanh(scores(i) * prescale);
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   using RowValues = cute::array<float, kRows>;
 
-  float scale_log2;   // softmax_scale * log2(e)
+  float scale_log2;   // score scale * log2(e)
   RowValues row_max;  // running max of the raw scores, reduced over the quad
   RowValues row_sum;  // running sum of exp, this thread's columns only (reduced in finalize)
 
-  CUTLASS_DEVICE explicit OnlineSoftmax(float softmax_scale_log2) : scale_log2(softmax_scale_log2) {
+  CUTLASS_DEVICE explicit OnlineSoftmax(float score_scale_log2) : scale_log2(score_scale_log2) {
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
       row_max[m] = -cutlass::platform::numeric_limits<float>::infinity();
@@ -85,10 +101,11 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises O by the row sums and returns the natural-log LSE per row. A row that saw no key
-  // gets O = 0 and LSE = -inf.
+  // Normalises O by the row sums and returns the natural-log LSE per row; score_scale is the scale
+  // whose log2(e) multiple this softmax was built with. A row that saw no key gets O = 0 and
+  // LSE = -inf.
   template <class Accum>
-  CUTLASS_DEVICE RowValues finalize(Accum&& o, float softmax_scale) {
+  CUTLASS_DEVICE RowValues finalize(Accum&& o, float score_scale) {
     RowValues lse, inv_sum;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
@@ -96,7 +113,7 @@ struct OnlineSoftmax {
       bool const empty = !(sum > 0.f);
       inv_sum[m] = empty ? 0.f : 1.f / sum;
       lse[m] = empty ? -cutlass::platform::numeric_limits<float>::infinity()
-                     : row_max[m] * softmax_scale + logf(sum);
+                     : row_max[m] * score_scale + logf(sum);
     }
     rescale(o, inv_sum);
     return lse;

@@ -9,8 +9,8 @@ struct ForwardTileConfig {
   int block_n;  // key rows per K/V stage: the N of S = Q K^T and the K of O = P V
   int stages;   // depth of the K and V shared-memory rings
   bool mma_pingpong;  // order the two consumers' GEMM issue with named barriers (MmaScheduler)
-  // Causal only: up to this many query tiles per head the tiles run persistently (CausalScheduler),
-  // beyond it one CTA per tile.
+  // Causal and local masks only: up to this many query tiles per head the tiles run persistently
+  // (CausalScheduler), beyond it one CTA per tile.
   int causal_persistent_max_m_blocks;
 };
 
@@ -19,22 +19,35 @@ struct ForwardTileConfig {
 inline constexpr int kCausalPersistentMaxMBlocks = 8;  // seqlen_q <= 1024 with 128-row tiles
 
 // 228 KB of shared memory per SM, of which one CTA may use 227 KB. The CTA holds Q (block_m x d),
-// `stages` K tiles and `stages` V tiles (block_n x d each); O gets a buffer of its own where it
-// fits (d <= 128), else it reuses Q's.
-// Registers per consumer thread (240 after setmaxnreg): S = block_n / 2 floats, O = d / 2 floats,
+// `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
+// of its own where it fits, else it reuses Q's.
+// Registers per consumer thread (240 after setmaxnreg): S = block_n / 2 floats, O = dv / 2 floats,
 // P = block_n / 4 packed registers, plus the next S while softmax of the current one runs.
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool causal) {
+// The tiles depend on d alone (d = 192 serves dv = 192 and 128); `local`: a causal or
+// sliding-window mask (LocalMask).
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
   if (head_dim <= 64) {
     // smem: Q 16 KB + 2 x (K 24 KB + V 24 KB) = 112 KB. A wide N amortises the softmax over more
     // keys per wgmma (H200, 16k non-causal: 480 TFLOP/s with N = 192, 446 with 128); causal keeps
     // 128 so that fewer keys of the diagonal block are wasted.
-    return {128, causal ? 128 : 192, 2, true, kCausalPersistentMaxMBlocks};
+    return {128, local ? 128 : 192, 2, true, kCausalPersistentMaxMBlocks};
+  }
+  if (head_dim <= 96) {
+    // As d = 64, whose N = 192 the registers still allow: S 96 + P 48 + O 48 live floats.
+    // smem: Q 24 KB + 2 x (K 36 KB + V 36 KB) + O 24 KB = 192 KB.
+    return {128, local ? 128 : 192, 2, true, kCausalPersistentMaxMBlocks};
   }
   if (head_dim <= 128) {
     // smem: Q 32 KB + 2 x (K 32 KB + V 32 KB) = 160 KB. Registers: S 64 + P 32 + O 64 live floats.
     // H200, 16k: with N = 176 the non-causal kernel ran at 484 TFLOP/s while the causal one (N = 128)
     // ran at 637; non-causal with N = 128 then ran at 629, so both use 128.
     return {128, 128, 2, true, kCausalPersistentMaxMBlocks};
+  }
+  if (head_dim <= 192) {
+    // The widest N (a multiple of 16) that fits two stages: dv = 192: Q 48 KB + 2 x (K 42 KB +
+    // V 42 KB) = 216 KB with O aliased on Q; dv = 128: Q 48 + 2 x (42 + 28) + O 32 = 220 KB.
+    // Tiles are long, so causal persistence follows d = 256 (not measured at 192).
+    return {128, 112, 2, true, 64};
   }
   // d = 256: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB, the most that fits with O aliased on Q.
   // O alone takes 128 registers per thread, so S stays small (40 floats). Ping-pong measured
