@@ -18,6 +18,9 @@ constexpr double kLseAtol = 1e-3;
 constexpr int kRowBlocks = 16;  // row blocks sampled per pair when whole heads do not fit
 
 double o_atol(DType dtype) { return dtype == DType::kFloat16 ? 0x1p-11 : 0x1p-8; }
+// The most a soft-capped score of the kernel moves against the reference: its tanh.approx.f32 has a
+// relative error below 2^-10.987 (bench_check.h says how the tolerances use it).
+double softcap_score_error(double softcap) { return softcap * 0x1p-11; }
 
 float decode(DType dtype, std::uint16_t bits) {
   if (dtype == DType::kFloat16) {
@@ -53,7 +56,7 @@ std::int64_t spaced(std::int64_t k, std::int64_t n, std::int64_t last) {
 }
 
 CheckPlan plan_check(const reference::AttentionShape& s) {
-  // Multiply-adds of one query row against every key: an upper bound under a causal mask.
+  // Multiply-adds of one query row against every key: an upper bound under any mask.
   const double row_macs = double(s.seqlen_k) * (s.head_dim + s.head_dim_v);
   const double pair_macs = row_macs * s.seqlen_q;
   const std::int64_t all_pairs = std::int64_t(s.batch) * s.nheads;
@@ -106,12 +109,14 @@ struct ErrorStats {
   double o_err = 0, o_baseline_err = 0, o_sq_diff = 0, o_sq_ref = 0;
   double lse_err = 0, lse_baseline_err = 0;
   std::int64_t lse_inf_mismatch = 0;
+  double max_abs_v = 0;  // over the V rows the compared rows see
 
   void merge(const ErrorStats& other) {
     update_max(&o_err, other.o_err);
     update_max(&o_baseline_err, other.o_baseline_err);
     o_sq_diff += other.o_sq_diff;
     o_sq_ref += other.o_sq_ref;
+    update_max(&max_abs_v, other.max_abs_v);
     update_max(&lse_err, other.lse_err);
     update_max(&lse_baseline_err, other.lse_baseline_err);
     lse_inf_mismatch += other.lse_inf_mismatch;
@@ -131,14 +136,51 @@ double lse_error(double value, double ref, std::int64_t* inf_mismatch) {
   return std::abs(value - ref);
 }
 
+// Keys [begin, end) that query row `row` sees: the bottom-right aligned band, clipped to the keys,
+// as in the reference. Both ends are non-decreasing in `row`.
+struct KeyRange {
+  std::int64_t begin, end;
+};
+KeyRange visible_keys(const reference::AttentionShape& s, const reference::ScoreOptions& options,
+                      std::int64_t row) {
+  const std::int64_t diagonal = row + s.seqlen_k - s.seqlen_q;
+  const int right = options.causal ? 0 : options.window_right;
+  const std::int64_t begin =
+      options.window_left < 0 ? 0 : std::clamp<std::int64_t>(diagonal - options.window_left, 0, s.seqlen_k);
+  const std::int64_t end = right < 0 ? s.seqlen_k : std::clamp<std::int64_t>(diagonal + right + 1, 0, s.seqlen_k);
+  return {begin, end};
+}
+
+// The mask of the sub-problem made of the rows of `block` and the keys [key_begin, key_end) they see
+// (key_end > key_begin) that hides exactly what `options` hides on these rows of the full problem.
+// Every row's visible keys lie in [key_begin, key_end), the first row's first to the last row's end,
+// as both ends move right row by row; so clipping the band to the sub-problem's keys is clipping it to
+// [0, seqlen_k). The sub-problem aligns its diagonal to its own bottom-right corner, `shift` keys right
+// of where the full problem's diagonal falls: shift = key_end - (last row's diagonal + 1)
+// = min(right width, seqlen_q - row_end) >= 0, an unbounded width counting as infinite (key_end is the
+// last row's diagonal + right + 1, clipped to seqlen_k). Widening the left side and narrowing the right
+// side by `shift` puts the band back in place, and the right side stays >= 0. An unbounded side stays
+// unbounded: there the band reaches key 0 = key_begin, or key seqlen_k - 1 = key_end - 1.
+reference::ScoreOptions sub_problem_options(const reference::AttentionShape& s, const reference::ScoreOptions& options,
+                                            const RowBlock& block, std::int64_t key_end) {
+  const std::int64_t last_diagonal = std::int64_t(block.row_end) - 1 + s.seqlen_k - s.seqlen_q;
+  const std::int64_t shift = key_end - (last_diagonal + 1);
+  const int right = options.causal ? 0 : options.window_right;
+  reference::ScoreOptions sub = options;
+  sub.causal = false;
+  sub.window_left = options.window_left < 0 ? -1 : int(options.window_left + shift);
+  sub.window_right = right < 0 ? -1 : int(right - shift);
+  return sub;
+}
+
 // Runs the reference and the baseline on one block of rows of every planned pair, the pairs stacked
 // as the batch of one contiguous sub-problem, and accumulates the errors into `stats`.
-void compare_block(const reference::AttentionShape& s, bool causal, double scale, const HostTensors& t,
+void compare_block(const reference::AttentionShape& s, const reference::ScoreOptions& options, const HostTensors& t,
                    const CheckPlan& plan, const RowBlock& block, ErrorStats* stats) {
   const int rows = block.row_end - block.row_begin;
-  // Keys that the block's last row can see. With bottom-right alignment, a sub-problem of `rows`
-  // queries and `keys` keys masks exactly as the full problem does on these rows.
-  const int keys = causal ? std::clamp(block.row_end + s.seqlen_k - s.seqlen_q, 0, s.seqlen_k) : s.seqlen_k;
+  const std::int64_t key_begin = visible_keys(s, options, block.row_begin).begin;
+  const std::int64_t key_end = visible_keys(s, options, block.row_end - 1).end;
+  const int keys = int(key_end - key_begin);
   const int heads_per_kv_head = s.nheads / s.nheads_kv;
   const std::size_t d = s.head_dim, dv = s.head_dim_v, n = plan.pairs.size();
 
@@ -151,9 +193,13 @@ void compare_block(const reference::AttentionShape& s, bool causal, double scale
       for (std::size_t c = 0; c < d; ++c) q[(p * rows + i) * d + c] = decode(t.dtype, t.q[src + c]);
     }
     for (int j = 0; j < keys; ++j) {
-      const std::size_t src = (std::size_t(batch) * s.seqlen_k + j) * s.nheads_kv + head_kv;
+      const std::size_t src = (std::size_t(batch) * s.seqlen_k + key_begin + j) * s.nheads_kv + head_kv;
       for (std::size_t c = 0; c < d; ++c) k[(p * keys + j) * d + c] = decode(t.dtype, t.k[src * d + c]);
-      for (std::size_t c = 0; c < dv; ++c) v[(p * keys + j) * dv + c] = decode(t.dtype, t.v[src * dv + c]);
+      for (std::size_t c = 0; c < dv; ++c) {
+        const float value = decode(t.dtype, t.v[src * dv + c]);
+        v[(p * keys + j) * dv + c] = value;
+        update_max(&stats->max_abs_v, std::abs(value));
+      }
     }
   }
 
@@ -166,9 +212,10 @@ void compare_block(const reference::AttentionShape& s, bool causal, double scale
     reference::AttentionShape sub;
     sub.batch = int(n), sub.seqlen_q = rows, sub.seqlen_k = keys, sub.nheads = 1, sub.nheads_kv = 1;
     sub.head_dim = s.head_dim, sub.head_dim_v = s.head_dim_v;
-    reference::attention_forward(sub, q.data(), k.data(), v.data(), scale, causal, &o_ref, &lse_ref);
-    reference::attention_forward_low_precision(sub, q.data(), k.data(), v.data(), scale, causal, t.dtype,
-                                               &o_base, &lse_base);
+    const reference::ScoreOptions sub_options = sub_problem_options(s, options, block, key_end);
+    reference::attention_forward(sub, q.data(), k.data(), v.data(), sub_options, &o_ref, &lse_ref);
+    reference::attention_forward_low_precision(sub, q.data(), k.data(), v.data(), sub_options, t.dtype, &o_base,
+                                               &lse_base);
   }
 
   for (std::size_t p = 0; p < n; ++p) {
@@ -195,7 +242,7 @@ void compare_block(const reference::AttentionShape& s, bool causal, double scale
 
 }  // namespace
 
-CheckResult check_forward(const reference::AttentionShape& shape, bool causal, double softmax_scale,
+CheckResult check_forward(const reference::AttentionShape& shape, const reference::ScoreOptions& options,
                           const HostTensors& tensors) {
   CheckResult result;
   for (std::uint16_t bits : tensors.o) result.nonfinite_o += is_nonfinite(tensors.dtype, bits);
@@ -217,7 +264,7 @@ CheckResult check_forward(const reference::AttentionShape& shape, bool causal, d
   auto worker = [&] {
     ErrorStats local;
     for (std::size_t b = next++; b < plan.blocks.size(); b = next++) {
-      compare_block(shape, causal, softmax_scale, tensors, plan, plan.blocks[b], &local);
+      compare_block(shape, options, tensors, plan, plan.blocks[b], &local);
     }
     const std::lock_guard<std::mutex> lock(total_mutex);
     total.merge(local);
@@ -229,11 +276,12 @@ CheckResult check_forward(const reference::AttentionShape& shape, bool causal, d
 
   result.o_max_abs_err = total.o_err;
   result.o_baseline_max_abs_err = total.o_baseline_err;
-  result.o_tolerance = 2 * total.o_baseline_err + o_atol(tensors.dtype);
+  const double softcap_error = softcap_score_error(options.softcap);
+  result.o_tolerance = 2 * total.o_baseline_err + o_atol(tensors.dtype) + 2 * softcap_error * total.max_abs_v;
   result.o_rel_l2_err = std::sqrt(total.o_sq_diff / std::max(total.o_sq_ref, 1e-300));
   result.lse_max_abs_err = total.lse_err;
   result.lse_baseline_max_abs_err = total.lse_baseline_err;
-  result.lse_tolerance = 2 * total.lse_baseline_err + kLseAtol;
+  result.lse_tolerance = 2 * total.lse_baseline_err + kLseAtol + softcap_error;
   result.lse_inf_mismatch = total.lse_inf_mismatch;
   result.passed = result.nonfinite_o == 0 && result.nan_lse == 0 && result.lse_inf_mismatch == 0 &&
                   result.o_max_abs_err <= result.o_tolerance &&

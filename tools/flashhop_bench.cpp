@@ -6,9 +6,10 @@
 // every configuration; as many input sets as it takes to exceed three times the L2 cache, rotated
 // between calls, so that no timed call finds its inputs in L2; warm-up calls, then one CUDA event pair
 // around each timed call and the median. FLOPs follow FlashAttention: 2 * b * h * pairs * (d + dv),
-// i.e. 4 * b * h * sq * sk * d, where pairs is sq * sk without a mask, sq * sk / 2 for a causal mask
-// with sq == sk (the convention the peers' numbers use), and for a causal mask with sq != sk the exact
-// count of (query, key) pairs the bottom-right aligned mask leaves visible.
+// where pairs is sq * sk without a mask, sq * sk / 2 for the causal mask with sq == sk (the convention
+// the peers' numbers use; also when that mask is given as the window (-1, 0)), and otherwise (causal
+// with sq != sk, sliding windows) the exact count of (query, key) pairs the bottom-right aligned band
+// leaves visible. Soft-capping adds nothing to the count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,9 +36,11 @@ constexpr int kMaxInputSets = 64;
 constexpr double kL2Multiple = 3.0;  // rotated inputs span at least this many L2 caches
 
 struct Config {
-  int batch = 4, seqlen_q = 4096, seqlen_k = 4096, nheads = 16, nheads_kv = 16, head_dim = 128;
+  int batch = 4, seqlen_q = 4096, seqlen_k = 4096, nheads = 16, nheads_kv = 16, head_dim = 128, head_dim_v = 128;
   DType dtype = DType::kBFloat16;
   bool causal = false;
+  int window_left = -1, window_right = -1;  // as in ForwardArgs: -1 is unbounded
+  float softcap = 0.f;
 };
 
 struct Options {
@@ -65,15 +68,21 @@ void print_usage(std::FILE* out) {
       "                      [--seed N] [--json FILE]\n"
       "Configuration (defaults in brackets):\n"
       "  --batch N [4]  --seqlen N [4096] (or --seqlen-q N --seqlen-k N)  --nheads N [16]\n"
-      "  --nheads-kv N [= nheads]  --head-dim N [128]  --dtype bf16|fp16 [bf16]  --causal\n"
+      "  --nheads-kv N [= nheads]  --head-dim N [128]  --head-dim-v N [= head dim]\n"
+      "  --dtype bf16|fp16 [bf16]  --causal  --window-left N [-1]  --window-right N [-1]\n"
+      "                    (sliding window, bottom-right aligned; -1: unbounded)\n"
+      "  --softcap X [0]   scores s become X * tanh(s / X); 0: off\n"
       "Sweeps:\n"
-      "  --sweep peers   the grid of PEERS.md: d in {64,128,256}, nheads = 2048/d, seqlen in\n"
-      "                  {512,...,16384} with batch = 16384/seqlen, causal no/yes, bf16\n"
+      "  --sweep peers     the grid of PEERS.md: d in {64,128,256}, nheads = 2048/d, seqlen in\n"
+      "                    {512,...,16384} with batch = 16384/seqlen, causal no/yes, bf16\n"
+      "  --sweep features  bf16, seqlen 8192, batch 2, 16 heads: d = 128 full, causal, causal with\n"
+      "                    window (1024, 0), window (1024, 1024), softcap 30 full and causal; and\n"
+      "                    d = 96, 192 and 192 with dv = 128, full and causal\n"
       "Other:\n"
-      "  --check         compare O and LSE with the CPU double-precision reference\n"
-      "  --iters N [50]  timed calls per configuration (median reported); --warmup N [10]\n"
-      "  --seed N        seed of the random inputs [drawn at start, printed]\n"
-      "  --json FILE     write every result as JSON\n"
+      "  --check           compare O and LSE with the CPU double-precision reference\n"
+      "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
+      "  --seed N          seed of the random inputs [drawn at start, printed]\n"
+      "  --json FILE       write every result as JSON\n"
       "Exit status: 0 when every configuration ran (and passed --check); 1 otherwise; 2 on bad flags.\n");
 }
 
@@ -86,7 +95,7 @@ std::vector<Config> peers_sweep() {
         c.batch = 16384 / seqlen;
         c.seqlen_q = c.seqlen_k = seqlen;
         c.nheads = c.nheads_kv = 2048 / head_dim;
-        c.head_dim = head_dim;
+        c.head_dim = c.head_dim_v = head_dim;
         c.causal = causal;
         configs.push_back(c);
       }
@@ -95,11 +104,43 @@ std::vector<Config> peers_sweep() {
   return configs;
 }
 
+// What flashhop does beyond the peers grid, each at one size (bf16, batch 2, seqlen 8192, 16 heads):
+// the masks and soft-capping at d = 128, then the other head dims without and with the causal mask.
+std::vector<Config> features_sweep() {
+  struct Variant {
+    int head_dim, head_dim_v;
+    bool causal;
+    int window_left, window_right;
+    float softcap;
+  };
+  constexpr Variant kVariants[] = {
+      {128, 128, false, -1, -1, 0.f},     {128, 128, true, -1, -1, 0.f},   {128, 128, true, 1024, 0, 0.f},
+      {128, 128, false, 1024, 1024, 0.f}, {128, 128, false, -1, -1, 30.f}, {128, 128, true, -1, -1, 30.f},
+      {96, 96, false, -1, -1, 0.f},       {96, 96, true, -1, -1, 0.f},     {192, 192, false, -1, -1, 0.f},
+      {192, 192, true, -1, -1, 0.f},      {192, 128, false, -1, -1, 0.f},  {192, 128, true, -1, -1, 0.f},
+  };
+  std::vector<Config> configs;
+  for (const Variant& variant : kVariants) {
+    Config c;
+    c.batch = 2;
+    c.seqlen_q = c.seqlen_k = 8192;
+    c.nheads = c.nheads_kv = 16;
+    c.head_dim = variant.head_dim;
+    c.head_dim_v = variant.head_dim_v;
+    c.causal = variant.causal;
+    c.window_left = variant.window_left;
+    c.window_right = variant.window_right;
+    c.softcap = variant.softcap;
+    configs.push_back(c);
+  }
+  return configs;
+}
+
 // Parses the command line; on a bad flag prints why and returns nothing.
 std::optional<Options> parse_options(int argc, char** argv) {
   Options options;
   Config config;
-  std::optional<int> seqlen, seqlen_q, seqlen_k, nheads_kv;
+  std::optional<int> seqlen, seqlen_q, seqlen_k, nheads_kv, head_dim_v;
   bool seed_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
@@ -114,19 +155,20 @@ std::optional<Options> parse_options(int argc, char** argv) {
       std::fprintf(stderr, "flashhop-bench: %s needs a value\n", flag.c_str());
       return std::nullopt;
     };
-    auto positive_int = [&](int* out) {
+    auto int_at_least = [&](long minimum, int* out) {
       const auto text = next_value();
       if (!text) return false;
       char* end = nullptr;
       const long parsed = std::strtol(text->c_str(), &end, 10);
-      if (text->empty() || *end != '\0' || parsed < 1 || parsed > (1l << 30)) {
-        std::fprintf(stderr, "flashhop-bench: %s expects a positive integer, got '%s'\n", flag.c_str(),
-                     text->c_str());
+      if (text->empty() || *end != '\0' || parsed < minimum || parsed > (1l << 30)) {
+        std::fprintf(stderr, "flashhop-bench: %s expects an integer from %ld to 2^30, got '%s'\n", flag.c_str(),
+                     minimum, text->c_str());
         return false;
       }
       *out = int(parsed);
       return true;
     };
+    auto positive_int = [&](int* out) { return int_at_least(1, out); };
     int number = 0;
     if (flag == "--help" || flag == "-h") {
       print_usage(stdout);
@@ -143,6 +185,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
       nheads_kv = number;
     } else if (flag == "--head-dim") {
       if (!positive_int(&config.head_dim)) return std::nullopt;
+    } else if (flag == "--head-dim-v") {
+      if (!positive_int(&number)) return std::nullopt;
+      head_dim_v = number;
     } else if (flag == "--dtype") {
       const auto text = next_value();
       if (!text) return std::nullopt;
@@ -156,11 +201,25 @@ std::optional<Options> parse_options(int argc, char** argv) {
       }
     } else if (flag == "--causal") {
       config.causal = true;
+    } else if (flag == "--window-left") {
+      if (!int_at_least(-1, &config.window_left)) return std::nullopt;
+    } else if (flag == "--window-right") {
+      if (!int_at_least(-1, &config.window_right)) return std::nullopt;
+    } else if (flag == "--softcap") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      char* end = nullptr;
+      const float parsed = std::strtof(text->c_str(), &end);
+      if (text->empty() || *end != '\0' || !std::isfinite(parsed) || parsed < 0) {
+        std::fprintf(stderr, "flashhop-bench: --softcap expects a finite number >= 0, got '%s'\n", text->c_str());
+        return std::nullopt;
+      }
+      config.softcap = parsed;
     } else if (flag == "--sweep") {
       const auto text = next_value();
       if (!text) return std::nullopt;
-      if (*text != "peers") {
-        std::fprintf(stderr, "flashhop-bench: unknown sweep '%s' (known: peers)\n", text->c_str());
+      if (*text != "peers" && *text != "features") {
+        std::fprintf(stderr, "flashhop-bench: unknown sweep '%s' (known: peers, features)\n", text->c_str());
         return std::nullopt;
       }
       options.sweep = *text;
@@ -189,26 +248,34 @@ std::optional<Options> parse_options(int argc, char** argv) {
   config.seqlen_q = seqlen_q.value_or(seqlen.value_or(config.seqlen_q));
   config.seqlen_k = seqlen_k.value_or(seqlen.value_or(config.seqlen_k));
   config.nheads_kv = nheads_kv.value_or(config.nheads);
-  options.configs = options.sweep.empty() ? std::vector<Config>{config} : peers_sweep();
+  config.head_dim_v = head_dim_v.value_or(config.head_dim);
+  if (options.sweep.empty()) {
+    options.configs = {config};
+  } else {
+    options.configs = options.sweep == "peers" ? peers_sweep() : features_sweep();
+  }
   if (!seed_given) options.seed = (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
   return options;
 }
 
 // Visible (query, key) pairs per head, by the FLOP convention in this file's header comment.
 double attended_pairs(const Config& c) {
+  const int right = c.causal ? 0 : c.window_right;
   const double full = double(c.seqlen_q) * c.seqlen_k;
-  if (!c.causal) return full;
-  if (c.seqlen_q == c.seqlen_k) return full / 2;
+  if (c.window_left < 0 && right < 0) return full;
+  if (c.window_left < 0 && right == 0 && c.seqlen_q == c.seqlen_k) return full / 2;
   double pairs = 0;
   for (std::int64_t i = 0; i < c.seqlen_q; ++i) {
-    pairs += double(std::clamp<std::int64_t>(i + c.seqlen_k - c.seqlen_q + 1, 0, c.seqlen_k));
+    const std::int64_t diagonal = i + c.seqlen_k - c.seqlen_q;
+    const std::int64_t begin = c.window_left < 0 ? 0 : std::max<std::int64_t>(diagonal - c.window_left, 0);
+    const std::int64_t end = right < 0 ? c.seqlen_k : std::min<std::int64_t>(diagonal + right + 1, c.seqlen_k);
+    pairs += double(std::max<std::int64_t>(end - begin, 0));
   }
   return pairs;
 }
 
 double forward_flops(const Config& c) {
-  const int head_dim_v = c.head_dim;
-  return 2.0 * c.batch * c.nheads * attended_pairs(c) * (c.head_dim + head_dim_v);
+  return 2.0 * c.batch * c.nheads * attended_pairs(c) * (c.head_dim + c.head_dim_v);
 }
 
 // The device tensors of one forward call, contiguous in flashhop's layout.
@@ -219,30 +286,35 @@ struct InputSet {
 
 InputSet make_input_set(const Config& c, std::uint64_t seed, cudaStream_t stream) {
   const std::int64_t q_elems = std::int64_t(c.batch) * c.seqlen_q * c.nheads * c.head_dim;
-  const std::int64_t kv_elems = std::int64_t(c.batch) * c.seqlen_k * c.nheads_kv * c.head_dim;
+  const std::int64_t k_elems = std::int64_t(c.batch) * c.seqlen_k * c.nheads_kv * c.head_dim;
+  const std::int64_t v_elems = std::int64_t(c.batch) * c.seqlen_k * c.nheads_kv * c.head_dim_v;
+  const std::int64_t o_elems = std::int64_t(c.batch) * c.seqlen_q * c.nheads * c.head_dim_v;
   const std::int64_t lse_elems = std::int64_t(c.batch) * c.nheads * c.seqlen_q;
   const std::size_t elem = dtype_size(c.dtype);
-  InputSet set{DeviceBuffer(q_elems * elem), DeviceBuffer(kv_elems * elem), DeviceBuffer(kv_elems * elem),
-               DeviceBuffer(q_elems * elem), DeviceBuffer(lse_elems * sizeof(float)), {}};
+  InputSet set{DeviceBuffer(q_elems * elem), DeviceBuffer(k_elems * elem), DeviceBuffer(v_elems * elem),
+               DeviceBuffer(o_elems * elem), DeviceBuffer(lse_elems * sizeof(float)), {}};
   fill_random_normal(set.q.data(), q_elems, c.dtype, seed * 4 + 0, stream);
-  fill_random_normal(set.k.data(), kv_elems, c.dtype, seed * 4 + 1, stream);
-  fill_random_normal(set.v.data(), kv_elems, c.dtype, seed * 4 + 2, stream);
+  fill_random_normal(set.k.data(), k_elems, c.dtype, seed * 4 + 1, stream);
+  fill_random_normal(set.v.data(), v_elems, c.dtype, seed * 4 + 2, stream);
 
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   set.args.q = make_contiguous(set.q.data(), c.dtype, {c.batch, c.seqlen_q, c.nheads, c.head_dim}, device);
   set.args.k = make_contiguous(set.k.data(), c.dtype, {c.batch, c.seqlen_k, c.nheads_kv, c.head_dim}, device);
-  set.args.v = make_contiguous(set.v.data(), c.dtype, {c.batch, c.seqlen_k, c.nheads_kv, c.head_dim}, device);
-  set.args.o = make_contiguous(set.o.data(), c.dtype, {c.batch, c.seqlen_q, c.nheads, c.head_dim}, device);
+  set.args.v = make_contiguous(set.v.data(), c.dtype, {c.batch, c.seqlen_k, c.nheads_kv, c.head_dim_v}, device);
+  set.args.o = make_contiguous(set.o.data(), c.dtype, {c.batch, c.seqlen_q, c.nheads, c.head_dim_v}, device);
   set.args.lse = make_contiguous(set.lse.data(), DType::kFloat32, {c.batch, c.nheads, c.seqlen_q}, device);
   set.args.causal = c.causal;
+  set.args.window_left = c.window_left;
+  set.args.window_right = c.window_right;
+  set.args.softcap = c.softcap;
   return set;
 }
 
 std::size_t input_set_bytes(const Config& c) {
   const std::size_t elem = dtype_size(c.dtype);
-  const std::size_t q_and_o = 2 * std::size_t(c.batch) * c.seqlen_q * c.nheads * c.head_dim * elem;
-  const std::size_t k_and_v = 2 * std::size_t(c.batch) * c.seqlen_k * c.nheads_kv * c.head_dim * elem;
+  const std::size_t q_and_o = std::size_t(c.batch) * c.seqlen_q * c.nheads * (c.head_dim + c.head_dim_v) * elem;
+  const std::size_t k_and_v = std::size_t(c.batch) * c.seqlen_k * c.nheads_kv * (c.head_dim + c.head_dim_v) * elem;
   return q_and_o + k_and_v + std::size_t(c.batch) * c.nheads * c.seqlen_q * sizeof(float);
 }
 
@@ -302,8 +374,15 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
       reference::AttentionShape shape;
       shape.batch = c.batch, shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k;
       shape.nheads = c.nheads, shape.nheads_kv = c.nheads_kv;
-      shape.head_dim = shape.head_dim_v = c.head_dim;
-      result.check = check_forward(shape, c.causal, 1.0 / std::sqrt(double(c.head_dim)), host);
+      shape.head_dim = c.head_dim, shape.head_dim_v = c.head_dim_v;
+      reference::ScoreOptions score;
+      // The scale forward() defaults to: 1/sqrt(d) rounded to float.
+      score.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(c.head_dim)));
+      score.softcap = c.softcap;
+      score.causal = c.causal;
+      score.window_left = c.window_left;
+      score.window_right = c.window_right;
+      result.check = check_forward(shape, score, host);
     }
 
     result.ms = median_time_ms(call, options.warmup, options.iters, stream);
@@ -319,28 +398,54 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
 
 bool result_ok(const Result& r) { return r.error.empty() && (!r.check || r.check->passed); }
 
+// "128", or "192x128" where dv differs from d.
+std::string head_dims(const Config& c) {
+  return std::to_string(c.head_dim) + (c.head_dim_v != c.head_dim ? "x" + std::to_string(c.head_dim_v) : "");
+}
+
+// The mask and soft-capping in a few words: "none", "causal", "w(61,17)", "causal w(300,0) softcap 30".
+// Under causal the window's right side is 0 whatever window_right says, so a window shows only when it
+// adds a bound.
+std::string mask_name(const Config& c) {
+  std::ostringstream out;
+  const char* separator = "";
+  auto add = [&](const auto&... parts) {
+    out << separator;
+    (out << ... << parts);
+    separator = " ";
+  };
+  if (c.causal) add("causal");
+  if (c.window_left >= 0 || (!c.causal && c.window_right >= 0)) {
+    add("w(", c.window_left, ",", c.causal ? 0 : c.window_right, ")");
+  }
+  if (c.softcap > 0) add("softcap ", c.softcap);
+  const std::string name = out.str();
+  return name.empty() ? "none" : name;
+}
+
 std::string describe(const Config& c) {
   std::ostringstream out;
   out << "b=" << c.batch << " sq=" << c.seqlen_q << " sk=" << c.seqlen_k << " h=" << c.nheads << "/"
-      << c.nheads_kv << " d=" << c.head_dim << " " << short_dtype(c.dtype) << (c.causal ? " causal" : "");
+      << c.nheads_kv << " d=" << head_dims(c) << " " << short_dtype(c.dtype);
+  if (const std::string mask = mask_name(c); mask != "none") out << " " << mask;
   return out.str();
 }
 
 // One line per result, written as each configuration finishes.
 void print_progress(const Result& r, double gemm_tflops) {
   if (!r.error.empty()) {
-    std::printf("%-46s ERROR %s\n", describe(r.config).c_str(), r.error.c_str());
+    std::printf("%-58s ERROR %s\n", describe(r.config).c_str(), r.error.c_str());
   } else {
-    std::printf("%-46s %9.3f ms %7.1f TFLOP/s %5.1f%% of GEMM  (%d input set%s)\n",
+    std::printf("%-58s %9.3f ms %7.1f TFLOP/s %5.1f%% of GEMM  (%d input set%s)\n",
                 describe(r.config).c_str(), r.ms, r.tflops, 100 * r.tflops / gemm_tflops, r.input_sets,
                 r.input_sets == 1 ? "" : "s");
   }
   if (r.check) {
     const CheckResult& k = *r.check;
-    std::printf("    check %s: O max|err| %.3g (tol %.3g = 2 x baseline %.3g + atol), rel L2 %.3g; "
+    std::printf("    check %s: O max|err| %.3g (tol %.3g = 2 x baseline %.3g + atol%s), rel L2 %.3g; "
                 "LSE max|err| %.3g (tol %.3g)",
                 k.passed ? "PASS" : "FAIL", k.o_max_abs_err, k.o_tolerance, k.o_baseline_max_abs_err,
-                k.o_rel_l2_err, k.lse_max_abs_err, k.lse_tolerance);
+                r.config.softcap > 0 ? " + softcap term" : "", k.o_rel_l2_err, k.lse_max_abs_err, k.lse_tolerance);
     if (k.nonfinite_o || k.nan_lse || k.lse_inf_mismatch) {
       std::printf("; non-finite O %lld, NaN LSE %lld, -inf LSE mismatches %lld", (long long)k.nonfinite_o,
                   (long long)k.nan_lse, (long long)k.lse_inf_mismatch);
@@ -352,12 +457,12 @@ void print_progress(const Result& r, double gemm_tflops) {
 
 // The closing table: one row per configuration.
 void print_table(const std::vector<Result>& results, double gemm_tflops, bool check) {
-  std::printf("\n| d | causal | seqlen_q | seqlen_k | batch | heads (q/kv) | dtype | ms | TFLOP/s | of GEMM |%s\n",
+  std::printf("\n| d (x dv) | mask | seqlen_q | seqlen_k | batch | heads (q/kv) | dtype | ms | TFLOP/s | of GEMM |%s\n",
               check ? " check |" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|---|%s\n", check ? "---|" : "");
   for (const Result& r : results) {
     const Config& c = r.config;
-    std::printf("| %d | %s | %d | %d | %d | %d/%d | %s | ", c.head_dim, c.causal ? "yes" : "no", c.seqlen_q,
+    std::printf("| %s | %s | %d | %d | %d | %d/%d | %s | ", head_dims(c).c_str(), mask_name(c).c_str(), c.seqlen_q,
                 c.seqlen_k, c.batch, c.nheads, c.nheads_kv, short_dtype(c.dtype));
     if (r.error.empty()) {
       std::printf("%.3f | %.1f | %.1f%% |", r.ms, r.tflops, 100 * r.tflops / gemm_tflops);
@@ -416,8 +521,8 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
   out << "  \"sweep\": " << (options.sweep.empty() ? "null" : json_string(options.sweep)) << ",\n";
   out << "  \"seed\": " << options.seed << ", \"warmup\": " << options.warmup
       << ", \"iters\": " << options.iters << ",\n";
-  out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk, causal sq==sk: sq*sk/2, "
-         "causal sq!=sk: exact bottom-right count\",\n";
+  out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk without a mask, causal sq==sk: sq*sk/2, "
+         "other masks: exact count of the bottom-right band\",\n";
   out << "  \"gemm\": {\"m\": " << kGemmSize << ", \"n\": " << kGemmSize << ", \"k\": " << kGemmSize
       << ", \"dtype\": \"bf16\", \"tflops\": " << json_number(gemm_tflops) << "},\n";
   out << "  \"results\": [";
@@ -426,8 +531,10 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
     const Config& c = r.config;
     out << (i ? ",\n" : "\n") << "    {\"config\": {\"batch\": " << c.batch << ", \"seqlen_q\": " << c.seqlen_q
         << ", \"seqlen_k\": " << c.seqlen_k << ", \"nheads\": " << c.nheads << ", \"nheads_kv\": "
-        << c.nheads_kv << ", \"head_dim\": " << c.head_dim << ", \"dtype\": \"" << short_dtype(c.dtype)
-        << "\", \"causal\": " << (c.causal ? "true" : "false") << "},\n";
+        << c.nheads_kv << ", \"head_dim\": " << c.head_dim << ", \"head_dim_v\": " << c.head_dim_v
+        << ", \"dtype\": \"" << short_dtype(c.dtype) << "\", \"causal\": " << (c.causal ? "true" : "false")
+        << ", \"window_left\": " << c.window_left << ", \"window_right\": " << c.window_right
+        << ", \"softcap\": " << json_number(c.softcap) << "},\n";
     out << "     \"status\": " << (r.error.empty() ? "\"ok\"" : "\"error\"")
         << ", \"error\": " << (r.error.empty() ? "null" : json_string(r.error));
     if (r.error.empty()) {
