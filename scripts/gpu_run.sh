@@ -4,12 +4,15 @@
 # sweep with --check, PyTorch SDPA peers in the same run, and a SASS / ptxas summary of the kernels.
 #
 # Usage: scripts/gpu_run.sh [STAGE...]
-#   stages, run in the order given (default: build test bench peers sass)
+#   stages, run in the order given (default: build test bench peers features sanitize sass)
 #     build   cmake -G Ninja (-DFLASHHOP_PTXAS_VERBOSE=ON) and build with every core
-#     test    ctest, or the gtest binary itself for a prebuilt build dir
-#     bench   flashhop-bench --sweep peers --check --json
-#     peers   tools/peers_sdpa.py, merged with the bench JSON when it exists
-#     sass    cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
+#     test      the gtest binary, in one process (ctest would start one process, and one CUDA
+#               context, per test)
+#     bench     flashhop-bench --sweep peers --check --json
+#     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists
+#     features  flashhop-bench --sweep features (windows, softcap, head dims 96 / 192), --check then timed
+#     sanitize  compute-sanitizer memcheck and racecheck on a subset of the GPU tests
+#     sass      cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
 # Environment:
 #   OUT                 where the logs go (set on the device machine; default ./gpu_out)
 #   FLASHHOP_COMMIT     commit to record when the tree travels without .git
@@ -22,8 +25,8 @@
 #   BENCH_ARGS          flashhop-bench flags (default "--sweep peers --warmup 100 --iters 500"); the bench stage
 #                       runs them twice: with --check (correctness), then timed alone for bench.json
 #   PEERS_ARGS          flags for peers_sdpa.py (default "--warmup 100 --iters 500")
-# Files under $OUT (few, flat: the device machine returns at most 8): summary.txt, build.log,
-# test.log, bench.log, bench.json, peers.log, peers.json, sass_summary.txt.
+# Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
+# peers.json, features.log, features.json, sanitize.log, sass_summary.txt.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -40,7 +43,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
 stages=("$@")
-[[ ${#stages[@]} -eq 0 ]] && stages=(build test bench peers sass)
+[[ ${#stages[@]} -eq 0 ]] && stages=(build test bench peers features sanitize sass)
 
 summary="$OUT/summary.txt"
 : >"$summary"
@@ -101,19 +104,9 @@ stage_build() {
 }
 
 stage_test() {
-  local log="$OUT/test.log"
-  if [[ ${SKIP_BUILD:-0} == 1 ]]; then
-    # ctest files hold the absolute paths of the machine that configured them: run the binary itself.
-    local binary="$BUILD_DIR/tests/flashhop_tests"
-    [[ -x $binary ]] || { note "no test binary at $binary"; return 1; }
-    "$binary" 2>&1 | tee "$log" | tail -40
-  else
-    if [[ ! -f $BUILD_DIR/tests/CTestTestfile.cmake ]]; then
-      note "tests were not built (GoogleTest missing at configure time)"
-      return 1
-    fi
-    ctest --test-dir "$BUILD_DIR" --output-on-failure 2>&1 | tee "$log" | tail -40
-  fi
+  local log="$OUT/test.log" binary="$BUILD_DIR/tests/flashhop_tests"
+  [[ -x $binary ]] || { note "no test binary at $binary (GoogleTest missing at configure time?)"; return 1; }
+  "$binary" --gtest_brief=1 2>&1 | tee "$log" | tail -40
 }
 
 # Two passes: --check first; then the timing that bench.json records, back to back like the peers'
@@ -127,6 +120,32 @@ stage_bench() {
   echo "=== timing pass" >>"$log"
   # shellcheck disable=SC2086
   "$BUILD_DIR/tools/flashhop-bench" $BENCH_ARGS --json "$OUT/bench.json" 2>&1 | tee -a "$log" | tail -45
+}
+
+stage_features() {
+  local log="$OUT/features.log"
+  "$BUILD_DIR/tools/flashhop-bench" --sweep features --warmup 100 --iters 500 --check >"$log" 2>&1 ||
+    { tail -40 "$log"; return 1; }
+  grep -cE 'check PASS' "$log" | sed 's/^/checks passed: /'
+  echo "=== timing pass" >>"$log"
+  "$BUILD_DIR/tools/flashhop-bench" --sweep features --warmup 100 --iters 500 --json "$OUT/features.json" 2>&1 |
+    tee -a "$log" | tail -20
+}
+
+# Small shapes of every head dim and mask (memcheck), and the multi-tile persistent shape, whose CTAs
+# hand Q's buffer over between tiles, at the head dims whose O has a buffer of its own (96) and
+# shares Q's (192 x 128) (racecheck).
+stage_sanitize() {
+  local log="$OUT/sanitize.log" binary="$BUILD_DIR/tests/flashhop_tests" status=0
+  : >"$log"
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$binary" --gtest_brief=1 \
+    --gtest_filter='Grid/ForwardGpu.*/bf16_*_b2_sq113_sk113_h4_kv2:Grid/ForwardGpu.*/bf16_*_b4_sq1000_sk300_h8_kv2' \
+    >>"$log" 2>&1 || status=1
+  compute-sanitizer --tool racecheck --error-exitcode 9 "$binary" --gtest_brief=1 \
+    --gtest_filter='Grid/ForwardGpu.*/bf16_d96_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192x128_*_b4_sq1000_sk300_h8_kv2' \
+    >>"$log" 2>&1 || status=1
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$log"
+  return "$status"
 }
 
 stage_peers() {
@@ -189,7 +208,7 @@ stage_sass() {
 
 for stage in "${stages[@]}"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    note "unknown stage '$stage' (build test bench peers sass)"
+    note "unknown stage '$stage' (build test bench peers features sanitize sass)"
     failed=1
     continue
   fi
@@ -201,6 +220,6 @@ cat "$summary"
 if [[ -f $OUT/peers.log ]]; then
   sed -n '/^| d | causal/,$p' "$OUT/peers.log"
 elif [[ -f $OUT/bench.log ]]; then
-  sed -n '/^| d | causal/,$p' "$OUT/bench.log"
+  sed -n '/^| d (x dv) | mask/,$p' "$OUT/bench.log"
 fi
 exit $failed
