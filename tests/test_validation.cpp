@@ -165,6 +165,9 @@ const InvalidCase kInvalidCases[] = {
     {"softmax_scale_inf", [](ForwardArgs& a) { a.softmax_scale = INFINITY; }, kInvalid, {"softmax_scale = inf"}},
     {"softmax_scale_negative", [](ForwardArgs& a) { a.softmax_scale = -1.f; }, kInvalid,
      {"softmax_scale = -1", ">= 0"}},
+    {"seqlen_sum_past_its_limit",
+     [](ForwardArgs& a) { a.k.shape[1] = a.v.shape[1] = std::numeric_limits<std::int32_t>::max() - 65536 - 32; },
+     kInvalid, {"q.shape[1] + k.shape[1] (seqlen_q + seqlen_k) = 2147418112", "expected <= 2147418111"}},
     // window and softcap
     {"window_left_below_minus_one", [](ForwardArgs& a) { a.window_left = -2; }, kInvalid,
      {"window_left = -2", "-1 (unbounded) or a width >= 0"}},
@@ -263,10 +266,10 @@ const ValidCase kValidCases[] = {
        bases[1] = bases[2] = nullptr;
        return bind_args(plan, bases, true, Masking{/*causal=*/true});
      }},
-    {"seqlen_at_int32_max",
+    {"seqlen_sum_at_its_limit",
      [] {
-       ForwardArgs args = valid_args();
-       args.k.shape[1] = args.v.shape[1] = std::numeric_limits<std::int32_t>::max();
+       ForwardArgs args = valid_args();  // seqlen_q = 33
+       args.k.shape[1] = args.v.shape[1] = std::numeric_limits<std::int32_t>::max() - 65536 - 33;
        return args;
      }},
     {"packed_qkv_padded_o_and_lse",
@@ -372,6 +375,9 @@ INSTANTIATE_TEST_SUITE_P(
                       WindowCase{"both_sides", 100, 300, false, 3, 5, true, 3, 5},
                       // Wide enough for every row: the last row reaches key 0, the first the last key.
                       WindowCase{"covers_everything", 100, 300, false, 299, 99, false, 299, 99},
+                      // Wider than the keys: written as the width that just reaches past them.
+                      WindowCase{"wider_than_the_keys", 100, 300, false, 5000, 7000, false, 300, 100},
+                      WindowCase{"wide_left_narrow_right", 100, 300, false, 5000, 3, true, 300, 3},
                       WindowCase{"one_short_on_the_left", 100, 300, false, 298, 99, true, 298, 99},
                       WindowCase{"one_short_on_the_right", 100, 300, false, 299, 98, true, 299, 98},
                       // One query row at the bottom sees every key under a causal mask (decoding).

@@ -1,5 +1,6 @@
 // Every check on forward arguments, in one place. validate_forward() reads only the descriptors
 // (no device calls), so it also serves bindings and tests; make_forward_params() trusts its verdict.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -20,6 +21,8 @@ constexpr std::int64_t kRowAlignmentBytes = 16;
 constexpr std::int64_t kLseAlignmentBytes = sizeof(float);
 // The kernels index sequences and heads with 32-bit integers.
 constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();
+// ... and the mask band's bounds, which reach past seqlen_q + seqlen_k by up to one query tile.
+constexpr std::int64_t kMaxSeqlenSum = kMaxInt32 - 65536;
 
 template <typename... Parts>
 Status fail(StatusCode code, const Parts&... parts) {
@@ -229,6 +232,11 @@ Status validate_forward(const ForwardArgs& args) {
            << check_dim_matches(*lse, 2, q, 1);
   }
   if (!checks.status().ok()) return checks.status();
+  // The kernels compute mask bounds up to seqlen_q + seqlen_k plus a query tile in 32 bits.
+  if (q.dim(1) + k.dim(1) > kMaxSeqlenSum) {
+    return invalid("q.shape[1] + k.shape[1] (seqlen_q + seqlen_k) = ", q.dim(1) + k.dim(1), ": expected <= ",
+                   kMaxSeqlenSum);
+  }
   if (q.dim(2) % k.dim(2) != 0) {
     return invalid(dim_label(k, 2), " = ", k.dim(2), ": nheads (", q.dim(2), ") must be a multiple of it");
   }
@@ -294,12 +302,13 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
       args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
   params.softcap = args.softcap;
 
-  // The band in non-negative widths: an unbounded side reaches past every key. The band hides
-  // nothing when each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and
-  // on to the last key (the first row, window_right >= seqlen_q - 1).
+  // The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
+  // reaches past every key (seqlen_k on the left, seqlen_q on the right). The band hides nothing
+  // when each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and on to the
+  // last key (the first row, window_right >= seqlen_q - 1).
   const int right = args.causal ? 0 : args.window_right;
-  params.window_left = args.window_left < 0 ? params.seqlen_k : args.window_left;
-  params.window_right = right < 0 ? params.seqlen_q : right;
+  params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
+  params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
   params.local = static_cast<std::int64_t>(params.window_left) < std::int64_t{params.seqlen_k} - 1 ||
                  static_cast<std::int64_t>(params.window_right) < std::int64_t{params.seqlen_q} - 1;
   params.device = args.q.device;

@@ -5,8 +5,6 @@
 // by its left edge (a sliding window).
 #pragma once
 
-#include <cstdint>
-
 #include <cute/tensor.hpp>
 #include <cutlass/fast_math.h>
 
@@ -41,25 +39,20 @@ struct NoMask {
 
 // A band around the diagonal, aligned to the bottom-right corner: query row i sees keys j with
 // i + offset - window_left <= j <= i + offset + window_right, offset = seqlen_k - seqlen_q.
-// Causal attention is the band (unbounded, 0); the host writes an unbounded side as a width that
-// reaches past the keys (window_left = seqlen_k, window_right = seqlen_q).
+// Causal attention is the band (unbounded, 0); the host writes an unbounded side, and any wider one,
+// as the width that just reaches past the keys (window_left <= seqlen_k, window_right <= seqlen_q).
+// Then every value below lies in [-seqlen_q, seqlen_q + seqlen_k + kBlockM], which validation keeps
+// within 32 bits.
 struct LocalMask {
   static constexpr bool kIsLocal = true;
 
   int seqlen_q, seqlen_k;
-  int window_left, window_right;  // >= 0
+  int window_left, window_right;  // in [0, seqlen_k] and [0, seqlen_q]
 
   // First and one-past-last key row `row` could see, before clipping to [0, seqlen_k).
-  // 64-bit: row + offset + window_right can pass INT32_MAX with an unbounded side.
-  CUTLASS_DEVICE int64_t band_begin(int row) const {
-    return int64_t(row) + seqlen_k - seqlen_q - window_left;
-  }
-  CUTLASS_DEVICE int64_t band_end(int row) const {
-    return int64_t(row) + seqlen_k - seqlen_q + window_right + 1;
-  }
-  static CUTLASS_DEVICE int clip(int64_t key, int seqlen_k) {
-    return static_cast<int>(key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key));
-  }
+  CUTLASS_DEVICE int band_begin(int row) const { return row + (seqlen_k - seqlen_q) - window_left; }
+  CUTLASS_DEVICE int band_end(int row) const { return row + (seqlen_k - seqlen_q) + window_right + 1; }
+  static CUTLASS_DEVICE int clip(int key, int seqlen_k) { return key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key); }
 
   // Rows past seqlen_q in the last query tile are computed but never stored, so the tile's rows
   // count as m_block * kBlockM .. (m_block + 1) * kBlockM - 1 throughout.
