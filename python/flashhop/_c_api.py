@@ -2,7 +2,8 @@
 that `pip install .` puts next to this file.
 
 The library validates every argument itself and explains what is wrong; this module only turns
-tensors into descriptors and status codes into Python exceptions.
+tensors into descriptors, the other arguments into the C types, and status codes into Python
+exceptions. It rejects only what those types cannot carry.
 """
 import ctypes
 import pathlib
@@ -11,6 +12,7 @@ import torch
 
 _LIBRARY_PATH = pathlib.Path(__file__).with_name("libflashhop_c.so")
 _MAX_RANK = 4
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 # flashhop_dtype_t
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -45,6 +47,10 @@ class _ForwardArgs(ctypes.Structure):
         ("lse", ctypes.POINTER(_Tensor)),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
+        ("use_window", ctypes.c_int),
+        ("window_left", ctypes.c_int),
+        ("window_right", ctypes.c_int),
+        ("softcap", ctypes.c_float),
     ]
 
 
@@ -91,16 +97,27 @@ def _describe(name, tensor):
     return desc
 
 
-def forward(q, k, v, out, lse, softmax_scale, causal):
+def _window_width(name, width):
+    """A window width as the C API's int. Past INT32_MAX a width reaches past every key (sequence
+    lengths are int32), as INT32_MAX does; below INT32_MIN it cannot be carried, and is as invalid as
+    any width below -1."""
+    if width < _INT32_MIN:
+        raise ValueError(f"flashhop: {name} = {width}: expected -1 (unbounded) or a width >= 0")
+    return min(width, _INT32_MAX)
+
+
+def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
     """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
-    be the current device."""
+    be the current device. The window is always given, (-1, -1) being none."""
     if softmax_scale == 0.0:
         # The C API cannot carry a scale of 0: it reads 0 as "use the default".
         raise ValueError("flashhop: softmax_scale = 0.0 is not supported; pass None for 1/sqrt(head_dim)")
     lse_desc = _describe("lse", lse)
     args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
                         lse=ctypes.pointer(lse_desc),
-                        softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal))
+                        softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal),
+                        use_window=1, window_left=_window_width("window_left", window_left),
+                        window_right=_window_width("window_right", window_right), softcap=softcap)
     workspace_bytes = ctypes.c_size_t()
     _check(_library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
     # From PyTorch's caching allocator on the kernel's stream: once freed, the block goes only to

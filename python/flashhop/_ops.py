@@ -27,10 +27,13 @@ def _empty_outputs(q, v):
 
 
 @torch.library.custom_op("flashhop::fwd", mutates_args=())
-def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
-        causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """out = softmax(softmax_scale * q k^T) v and lse = logsumexp(softmax_scale * q k^T) per query
-    row, in FlashAttention's layout; causal masks are aligned to the bottom-right corner."""
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
+        window_left: int, window_right: int, softcap: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out = softmax(S) v and lse = logsumexp(S) per query row, in FlashAttention's layout, for the
+    scores S = softmax_scale * q k^T, soft-capped to softcap * tanh(S / softcap) when softcap > 0,
+    with -inf where masked. Masks are aligned to the bottom-right corner: query i sees the keys j
+    with i + offset - window_left <= j <= i + offset + window_right, offset = seqlen_k - seqlen_q,
+    -1 leaving a side unbounded; causal is window_right = 0 (window_right > 0 with it is an error)."""
     # Registered for every device type so that a tensor elsewhere gets this message rather than the
     # dispatcher's "could not run with arguments from the CPU backend".
     for name, tensor in (("q", q), ("k", k), ("v", v)):
@@ -38,12 +41,12 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Option
             raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
     out, lse = _empty_outputs(q, v)
     with torch.cuda.device(q.device):
-        _c_api.forward(q, k, v, out, lse, softmax_scale, causal)
+        _c_api.forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap)
     return out, lse
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
     return _empty_outputs(q, v)
 
 
@@ -52,8 +55,8 @@ def _fwd_fake(q, k, v, softmax_scale, causal):
 # require grad while compiling its forward, and that must succeed for models that only run forward.
 @torch.library.custom_op("flashhop::bwd", mutates_args=())
 def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-        lse: torch.Tensor, softmax_scale: Optional[float],
-        causal: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lse: torch.Tensor, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+        softcap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k and v from the gradient of out."""
     raise NotImplementedError(
         "flashhop: the backward pass is not implemented yet (the library has forward kernels only); "
@@ -62,22 +65,21 @@ def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 @bwd.register_fake
-def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal):
+def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, softmax_scale, causal = inputs
+    q, k, v, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
+    ctx.options = options  # softmax_scale, causal, window_left, window_right, softcap
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
-    return grad_q, grad_k, grad_v, None, None
+    grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, *ctx.options)
+    return (grad_q, grad_k, grad_v) + (None,) * len(ctx.options)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)

@@ -5,36 +5,35 @@ import torch
 
 from . import _ops  # noqa: F401  (registers torch.ops.flashhop.*)
 
-# FlashAttention's window (left, right), -1 = unbounded, that equals a causal mask.
-_CAUSAL_WINDOW = (-1, 0)
-_NO_WINDOW = (-1, -1)
 
-
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=_NO_WINDOW, softcap=0.0,
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-1, -1), softcap=0.0,
                     return_attn_probs=False):
     """Exact attention in FlashAttention's layout, as FlashAttention-3's function of this name.
 
-    q: (batch, seqlen_q, nheads, head_dim); k, v: (batch, seqlen_k, nheads_kv, head_dim), float16
-    or bfloat16 CUDA tensors, any strides with the last dimension contiguous; nheads a multiple of
-    nheads_kv (GQA / MQA). head_dim: 64, 128 or 256.
+    q: (batch, seqlen_q, nheads, head_dim); k: (batch, seqlen_k, nheads_kv, head_dim); v: (batch,
+    seqlen_k, nheads_kv, head_dim_v); float16 or bfloat16 CUDA tensors, any strides with the last
+    dimension contiguous; nheads a multiple of nheads_kv (GQA / MQA). (head_dim, head_dim_v): (64, 64),
+    (96, 96), (128, 128), (192, 192), (192, 128) or (256, 256).
     softmax_scale: default 1 / sqrt(head_dim).
-    causal: mask aligned to the bottom-right corner (query i sees keys j <= i + seqlen_k - seqlen_q).
-    window_size: only (-1, -1) (none) and (-1, 0) (the same as causal) are supported yet.
-    softcap: only 0.0 (off) is supported yet.
-    Returns out (batch, seqlen_q, nheads, head_dim), and with return_attn_probs also
-    softmax_lse (batch, nheads, seqlen_q) in float32 (natural log), as FlashAttention-3 does.
-    A query row that sees no key gets out = 0 and softmax_lse = -inf.
+    Masks are aligned to the bottom-right corner; with offset = seqlen_k - seqlen_q:
+    causal: query i sees keys j <= i + offset.
+    window_size: (left, right), a sliding window: query i sees keys j with
+    i + offset - left <= j <= i + offset + right; -1 leaves a side unbounded, (-1, -1) is no window
+    and (-1, 0) is causal. As in FlashAttention-3, causal sets right to 0 whatever it was.
+    softcap: > 0 caps the scores s = softmax_scale * q.k to softcap * tanh(s / softcap) before the
+    mask and the softmax; 0.0 is off.
+    Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
+    softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
+    FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
     """
     window_size = tuple(window_size)
-    if window_size == _CAUSAL_WINDOW:
-        causal = True
-    elif window_size != _NO_WINDOW:
-        raise NotImplementedError(
-            f"flashhop: window_size = {window_size}: local (sliding-window) attention is not supported yet; "
-            "use (-1, -1), or (-1, 0) for causal")
-    if softcap != 0.0:
-        raise NotImplementedError(f"flashhop: softcap = {softcap}: soft-capping is not supported yet; use 0.0")
-    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal)
+    if len(window_size) != 2:
+        raise ValueError(f"flashhop: window_size = {window_size}: expected (left, right)")
+    window_left, window_right = window_size
+    if causal:
+        # As FlashAttention-3 does; the library itself rejects causal with a window to the right.
+        window_right = 0
+    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
     return (out, softmax_lse) if return_attn_probs else out
 
 

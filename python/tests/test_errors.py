@@ -15,15 +15,10 @@ def _inputs(device="cuda"):
     return tuple(torch.randn(*shape, dtype=torch.bfloat16, device=device) for _ in range(3))
 
 
-@pytest.mark.parametrize("window_size", [(8, 8), (16, 0), (-1, 4), (0, -1)])
-def test_window_is_not_supported(window_size):
-    with pytest.raises(NotImplementedError, match=r"window_size = .*not supported yet"):
+@pytest.mark.parametrize("window_size", [(8,), (1, 2, 3)])
+def test_window_size_is_a_pair(window_size):
+    with pytest.raises(ValueError, match=r"window_size = \(.*\): expected \(left, right\)"):
         flashhop.flash_attn_func(*_inputs(), window_size=window_size)
-
-
-def test_softcap_is_not_supported():
-    with pytest.raises(NotImplementedError, match="softcap = 30.0: soft-capping is not supported yet"):
-        flashhop.flash_attn_func(*_inputs(), softcap=30.0)
 
 
 def test_sdpa_unsupported_arguments():
@@ -67,10 +62,11 @@ BAD_INPUTS = {
                 "q.dtype = float32: expected float16 or bfloat16"),
     "float64": (lambda q, k, v: (q.double(), k, v), ValueError,
                 "q.dtype = torch.float64: expected torch.float16 or torch.bfloat16"),
-    "head_dim_96": (lambda q, k, v: (q[..., :96], k[..., :96], v[..., :96]), NotImplementedError,
-                    r"q.shape\[3\] \(head_dim\) = 96: supported head dims are 64, 128 and 256"),
+    "head_dim_80": (lambda q, k, v: (q[..., :80], k[..., :80], v[..., :80]), NotImplementedError,
+                    r"q.shape\[3\] \(head_dim\) = 80: supported head dims are 64, 96, 128, 192 and 256"),
     "head_dim_v": (lambda q, k, v: (q, k, v[..., :64]), NotImplementedError,
-                   r"only head_dim_v == head_dim \(128\) is supported"),
+                   r"v.shape\[3\] \(head_dim_v\) = 64: expected head_dim \(128\); head_dim_v != head_dim is "
+                   r"supported for \(192, 128\) only"),
     "nheads_kv": (lambda q, k, v: (q, k[:, :, :3], v[:, :, :3]), ValueError,
                   r"k.shape\[2\] \(nheads_kv\) = 3: nheads \(4\) must be a multiple of it"),
     "batch": (lambda q, k, v: (q, k[:1], v[:1]), ValueError, r"k.shape\[0\] \(batch\) = 1: expected 2"),
@@ -106,9 +102,42 @@ def test_bad_softmax_scale(softmax_scale, message):
 
 
 @requires_hopper
+@pytest.mark.parametrize("window_size,causal,message", [
+    ((-2, -1), False, r"window_left = -2: expected -1 \(unbounded\) or a width >= 0"),
+    ((4, -3), False, r"window_right = -3: expected -1 \(unbounded\) or a width >= 0"),
+    ((-2, 0), True, r"window_left = -2: expected -1 \(unbounded\) or a width >= 0"),
+    ((-2**40, 4), False, r"window_left = -1099511627776: expected -1 \(unbounded\) or a width >= 0"),
+    ((4, -2**31 - 1), False, r"window_right = -2147483649: expected -1 \(unbounded\) or a width >= 0"),
+])
+def test_bad_window(window_size, causal, message):
+    with pytest.raises(ValueError, match=message):
+        flashhop.flash_attn_func(*_inputs(), causal=causal, window_size=window_size)
+
+
+@requires_hopper
+def test_causal_operator_rejects_a_window_to_the_right():
+    """flash_attn_func sets the right of the window to 0 with causal, as FlashAttention-3; the
+    operator takes the arguments as they are."""
+    with pytest.raises(ValueError, match=r"window_right = 4: expected -1 or 0 with causal"):
+        torch.ops.flashhop.fwd(*_inputs(), None, True, -1, 4, 0.0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("softcap,message", [
+    (-0.5, r"softcap = -0.5: expected a finite value >= 0 \(0: off\)"),
+    (-1e-30, r"softcap = -1e-30: expected a finite value >= 0"),
+    (float("nan"), r"softcap = nan: expected a finite value >= 0"),
+    (float("inf"), r"softcap = inf: expected a finite value >= 0"),
+])
+def test_bad_softcap(softcap, message):
+    with pytest.raises(ValueError, match=message):
+        flashhop.flash_attn_func(*_inputs(), softcap=softcap)
+
+
+@requires_hopper
 def test_failed_call_leaves_the_device_usable():
     q, k, v = random_qkv(1, 10, 10, 2, 2, 128)
     with pytest.raises(NotImplementedError):
-        flashhop.flash_attn_func(q[..., :96], k[..., :96], v[..., :96])
+        flashhop.flash_attn_func(q[..., :80], k[..., :80], v[..., :80])
     flashhop.flash_attn_func(q, k, v)
     torch.cuda.synchronize()

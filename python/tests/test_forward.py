@@ -1,5 +1,5 @@
-"""flashhop's results against an fp32 reference: odd shapes, GQA, causal, dtypes, head dims,
-strided inputs, and the scaled_dot_product_attention layout."""
+"""flashhop's results against a float64 reference: odd shapes, GQA, causal masks, sliding windows,
+soft-capping, dtypes, head dims, strided inputs, and the scaled_dot_product_attention layout."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,39 +14,117 @@ pytestmark = requires_hopper
 SEQLENS = [(1, 1), (7, 7), (113, 113), (127, 127), (128, 128), (129, 129), (1000, 1000), (127, 129), (129, 127),
            (113, 203), (203, 113), (1, 1000), (1000, 1), (0, 7), (7, 0), (0, 0)]
 DTYPES = [torch.bfloat16, torch.float16]
+# (head_dim, head_dim_v): every pair the kernels are written for.
+HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
+HEAD_DIM_IDS = ["64", "96", "128", "192", "192x128", "256"]
+
+# flash_attn_func's mask arguments: windows bounded on both sides, on the left only (with and
+# without causal), on the right only, and the forms that equal causal. With causal, FlashAttention-3
+# ignores window_size[1]: (5, 40) with causal is the window (5, 0).
+WINDOWS = {
+    "window16_16": {"window_size": (16, 16)},
+    "diagonal": {"window_size": (0, 0)},
+    "window200_7": {"window_size": (200, 7)},
+    "left33": {"window_size": (33, -1)},
+    "left33_causal": {"window_size": (33, -1), "causal": True},
+    "left33_right0": {"window_size": (33, 0)},
+    "right20": {"window_size": (-1, 20)},
+    "right0": {"window_size": (-1, 0)},
+    "window5_40_causal": {"window_size": (5, 40), "causal": True},
+}
+
+# (softcap, softmax_scale): with the default scale the scores are about unit size, so a cap of 1
+# bends most of them and one of 30 almost none; with scale 1 they reach about 50.
+SOFTCAPS = [(1.0, None), (30.0, None), (5.0, 1.0), (50.0, 1.0)]
+
+# Each kind of mask and soft-capping, for the tests that sweep other dimensions.
+FEATURES = {
+    "full": {},
+    "causal": {"causal": True},
+    "window61_17": {"window_size": (61, 17)},
+    "left33_causal": {"window_size": (33, -1), "causal": True},
+    "right20": {"window_size": (-1, 20)},
+    "softcap": {"softcap": 1.5},
+    "softcap_causal": {"softcap": 1.5, "causal": True},
+    "softcap_window61_17": {"softcap": 1.5, "window_size": (61, 17)},
+}
+
+
+def _run(q, k, v, **options):
+    """flashhop's out and lse, skipping the test when the build lacks the kernel."""
+    return skip_unless_built(flashhop.flash_attn_func, q, k, v, return_attn_probs=True, **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim,head_dim_v", HEAD_DIMS, ids=HEAD_DIM_IDS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
-def test_matches_reference(seqlen_q, seqlen_k, causal, head_dim, dtype):
-    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype)
-    out, lse = skip_unless_built(flashhop.flash_attn_func, q, k, v, causal=causal, return_attn_probs=True)
+def test_matches_reference(seqlen_q, seqlen_k, causal, head_dim, head_dim_v, dtype):
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype, head_dim_v)
+    out, lse = _run(q, k, v, causal=causal)
     assert out.dtype == dtype and lse.dtype == torch.float32
     assert_matches_reference(out, lse, q, k, v, causal=causal)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_long_sequence(causal):
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+def test_sliding_window(seqlen_q, seqlen_k, window, dtype):
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, 128, dtype)
+    out, lse = _run(q, k, v, **WINDOWS[window])
+    assert_matches_reference(out, lse, q, k, v, **WINDOWS[window])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mask", ["full", "causal", "window61_17", "left33_causal"])
+@pytest.mark.parametrize("softcap,softmax_scale", SOFTCAPS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 1), (7, 7), (113, 113), (129, 127), (113, 203), (203, 113),
+                                               (1000, 1000), (1, 1000), (7, 0)])
+def test_softcap(seqlen_q, seqlen_k, softcap, softmax_scale, mask, dtype):
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, 128, dtype)
+    out, lse = _run(q, k, v, softmax_scale, softcap=softcap, **FEATURES[mask])
+    assert_matches_reference(out, lse, q, k, v, softmax_scale=softmax_scale, softcap=softcap, **FEATURES[mask])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim,head_dim_v", HEAD_DIMS, ids=HEAD_DIM_IDS)
+@pytest.mark.parametrize("features", FEATURES)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(113, 203), (203, 113), (257, 257)])
+def test_head_dims(seqlen_q, seqlen_k, features, head_dim, head_dim_v, dtype):
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype, head_dim_v)
+    out, lse = _run(q, k, v, **FEATURES[features])
+    assert out.shape == (2, seqlen_q, 4, head_dim_v)
+    assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
+
+
+@pytest.mark.parametrize("features", ["full", "causal", "window61_17", "softcap_causal"])
+def test_long_sequence(features):
     q, k, v = random_qkv(1, 4097, 4097, 2, 1, 128)
-    out, lse = skip_unless_built(flashhop.flash_attn_func, q, k, v, causal=causal, return_attn_probs=True)
-    assert_matches_reference(out, lse, q, k, v, causal=causal)
+    out, lse = _run(q, k, v, **FEATURES[features])
+    assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
+
+
+def test_long_sequence_wide_window():
+    """Many key tiles between the two edges of the band, seqlen_q != seqlen_k, soft-capping."""
+    q, k, v = random_qkv(1, 3001, 4097, 2, 1, 128)
+    options = {"window_size": (1500, 300), "softcap": 10.0}
+    out, lse = _run(q, k, v, **options)
+    assert_matches_reference(out, lse, q, k, v, **options)
 
 
 @pytest.mark.parametrize("nheads,nheads_kv", [(8, 8), (8, 2), (6, 3), (8, 1)])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("features", ["full", "causal", "window61_17", "left33_causal", "softcap_window61_17"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(256, 256), (113, 203), (203, 113)])
-def test_grouped_query_attention(seqlen_q, seqlen_k, causal, nheads, nheads_kv):
+def test_grouped_query_attention(seqlen_q, seqlen_k, features, nheads, nheads_kv):
     q, k, v = random_qkv(3, seqlen_q, seqlen_k, nheads, nheads_kv, 128)
-    out, lse = skip_unless_built(flashhop.flash_attn_func, q, k, v, causal=causal, return_attn_probs=True)
-    assert_matches_reference(out, lse, q, k, v, causal=causal)
+    out, lse = _run(q, k, v, **FEATURES[features])
+    assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
 
 
 @pytest.mark.parametrize("softmax_scale", [0.01, 0.3, 1.0])
 def test_softmax_scale(softmax_scale):
     q, k, v = random_qkv(2, 150, 150, 4, 4, 128)
-    out, lse = skip_unless_built(flashhop.flash_attn_func, q, k, v, softmax_scale, return_attn_probs=True)
+    out, lse = _run(q, k, v, softmax_scale)
     assert_matches_reference(out, lse, q, k, v, softmax_scale=softmax_scale)
 
 
@@ -54,6 +132,24 @@ def test_causal_window_is_causal():
     q, k, v = random_qkv(2, 100, 180, 4, 4, 128)
     causal = skip_unless_built(flashhop.flash_attn_func, q, k, v, causal=True)
     assert torch.equal(flashhop.flash_attn_func(q, k, v, window_size=(-1, 0)), causal)
+
+
+def test_causal_sets_the_right_of_the_window_to_0():
+    q, k, v = random_qkv(2, 100, 180, 4, 4, 128)
+    window = skip_unless_built(flashhop.flash_attn_func, q, k, v, window_size=(30, 0))
+    assert torch.equal(flashhop.flash_attn_func(q, k, v, causal=True, window_size=(30, 45)), window)
+    assert torch.equal(flashhop.flash_attn_func(q, k, v, causal=True, window_size=(30, -1)), window)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(100, 180), (180, 100)])
+def test_window_past_the_sequences_is_no_window(seqlen_q, seqlen_k):
+    """A side that reaches past every key is unbounded; widths past int32 included."""
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 4, 128)
+    full = skip_unless_built(flashhop.flash_attn_func, q, k, v)
+    for window_size in [(seqlen_k - 1, seqlen_q - 1), (seqlen_k + 5, 2**40), (2**31, 2**31 - 1)]:
+        assert torch.equal(flashhop.flash_attn_func(q, k, v, window_size=window_size), full), window_size
+    causal = flashhop.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(flashhop.flash_attn_func(q, k, v, causal=True, window_size=(2**40, -1)), causal)
 
 
 def _strided_inputs(layout, batch, seqlen, nheads, head_dim):
@@ -70,14 +166,15 @@ def _strided_inputs(layout, batch, seqlen, nheads, head_dim):
     return big[1:, 3:3 + seqlen, ::2], big[:-1, 5:, 1::2], big[1:, :seqlen, :nheads]
 
 
+@pytest.mark.parametrize("features", ["causal", "softcap_window61_17"])
 @pytest.mark.parametrize("layout", ["packed_qkv", "bhsd_transposed", "padded_rows", "sliced"])
-def test_strided_inputs(layout):
+def test_strided_inputs(layout, features):
     q, k, v = _strided_inputs(layout, 2, 177, 4, 128)
     assert not q.is_contiguous()
-    out, lse = skip_unless_built(flashhop.flash_attn_func, q, k, v, causal=True, return_attn_probs=True)
+    out, lse = _run(q, k, v, **FEATURES[features])
     assert out.is_contiguous()
-    assert_matches_reference(out, lse, q, k, v, causal=True)
-    contiguous_out = flashhop.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
+    contiguous_out = flashhop.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), **FEATURES[features])
     assert torch.equal(out, contiguous_out)
 
 

@@ -5,13 +5,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashhop  # noqa: E402
-from helpers import random_qkv, requires_hopper  # noqa: E402
+from helpers import random_qkv, requires_hopper, skip_unless_built  # noqa: E402
 
 
 def test_fake_implementation_gives_output_shapes():
-    q = torch.empty(2, 5, 8, 128, dtype=torch.bfloat16, device="meta")
-    k = v = torch.empty(2, 9, 2, 128, dtype=torch.bfloat16, device="meta")
-    out, lse = torch.ops.flashhop.fwd(q, k, v, None, True)
+    q = torch.empty(2, 5, 8, 192, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 9, 2, 192, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(2, 9, 2, 128, dtype=torch.bfloat16, device="meta")
+    out, lse = torch.ops.flashhop.fwd(q, k, v, None, True, 4, 0, 30.0)
     assert (out.shape, out.dtype) == ((2, 5, 8, 128), torch.bfloat16)
     assert (lse.shape, lse.dtype) == ((2, 8, 5), torch.float32)
 
@@ -19,36 +20,52 @@ def test_fake_implementation_gives_output_shapes():
 @requires_hopper
 def test_opcheck():
     q, k, v = random_qkv(2, 100, 130, 4, 2, 128)
-    torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, None, True))
-    torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, 0.5, False))
+    # (softmax_scale, causal, window_left, window_right, softcap)
+    for options in [(None, True, -1, -1, 0.0), (0.5, False, -1, -1, 0.0), (None, False, 16, 8, 30.0),
+                    (None, True, 32, 0, 5.0)]:
+        torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, *options))
+
+
+@requires_hopper
+def test_opcheck_head_dim_v():
+    q, k, v = random_qkv(2, 100, 130, 4, 2, 192, head_dim_v=128)
+    skip_unless_built(flashhop.flash_attn_func, q, k, v)
+    torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, None, False, -1, 20, 0.0))
 
 
 class Attention(torch.nn.Module):
-    """A self-attention block that hands flashhop strided views of one projection."""
+    """A self-attention block that hands flashhop strided views of one projection; `attention`
+    are flash_attn_func's keyword arguments."""
 
-    def __init__(self, dim=256, nheads=4, nheads_kv=2, head_dim=128):
+    def __init__(self, dim=256, nheads=4, nheads_kv=2, head_dim=128, **attention):
         super().__init__()
         self.heads = (nheads, nheads_kv, nheads_kv)
         self.head_dim = head_dim
+        self.attention = attention
         self.qkv = torch.nn.Linear(dim, sum(self.heads) * head_dim)
         self.proj = torch.nn.Linear(nheads * head_dim, dim)
 
     def forward(self, x):
         batch, seqlen, _ = x.shape
         q, k, v = self.qkv(x).view(batch, seqlen, -1, self.head_dim).split(self.heads, dim=2)
-        out = flashhop.flash_attn_func(q, k, v, causal=True)
+        out = flashhop.flash_attn_func(q, k, v, **self.attention)
         return self.proj(out.reshape(batch, seqlen, -1))
 
 
-def _model():
-    return Attention().to(device="cuda", dtype=torch.bfloat16)
+# flash_attn_func's keyword arguments in the models that the tests compile.
+ATTENTION = {"causal": {"causal": True}, "window_softcap": {"window_size": (48, 16), "softcap": 20.0}}
+
+
+def _model(attention):
+    return Attention(**ATTENTION[attention]).to(device="cuda", dtype=torch.bfloat16)
 
 
 @requires_hopper
+@pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compile_fullgraph(mode):
+def test_compile_fullgraph(mode, attention):
     torch._dynamo.reset()
-    model = _model().eval()
+    model = _model(attention).eval()
     compiled = torch.compile(model, fullgraph=True, dynamic=True, mode=mode)
     with torch.no_grad():
         for seqlen in (100, 37, 100):  # a second length runs without a new trace (dynamic shapes)
@@ -57,9 +74,10 @@ def test_compile_fullgraph(mode):
 
 
 @requires_hopper
-def test_compiled_training_forward_runs_and_backward_raises():
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_compiled_training_forward_runs_and_backward_raises(attention):
     torch._dynamo.reset()
-    model = _model()
+    model = _model(attention)
     compiled = torch.compile(model, fullgraph=True)
     x = torch.randn(2, 64, 256, device="cuda", dtype=torch.bfloat16)
     out = compiled(x)
@@ -69,9 +87,11 @@ def test_compiled_training_forward_runs_and_backward_raises():
 
 
 @requires_hopper
-def test_backward_raises():
+@pytest.mark.parametrize("attention", [{}, {"causal": True, "window_size": (4, -1), "softcap": 10.0}],
+                         ids=["plain", "window_softcap"])
+def test_backward_raises(attention):
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 16, 16, 2, 2, 128))
-    out = flashhop.flash_attn_func(q, k, v)
+    out = flashhop.flash_attn_func(q, k, v, **attention)
     with pytest.raises(NotImplementedError, match="backward pass is not implemented"):
         out.sum().backward()
 
