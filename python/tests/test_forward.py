@@ -50,9 +50,9 @@ FEATURES = {
 }
 
 
-def _run(q, k, v, **options):
+def _run(q, k, v, softmax_scale=None, **options):
     """flashhop's out and lse, skipping the test when the build lacks the kernel."""
-    return skip_unless_built(flashhop.flash_attn_func, q, k, v, return_attn_probs=True, **options)
+    return skip_unless_built(flashhop.flash_attn_func, q, k, v, softmax_scale, return_attn_probs=True, **options)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
