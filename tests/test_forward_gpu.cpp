@@ -263,8 +263,8 @@ const NamedMasking kRightWindow{"window_right40", {false, -1, 40}};
 const NamedMasking kSoftcapCausal{"softcap_causal", {true, -1, -1, 1.5f}};
 const NamedMasking kSoftcapWindow{"softcap_window61_17", {false, 61, 17, 1.5f}};
 
-std::string head_dims_name(const Problem& p) {
-  return "_d" + std::to_string(p.head_dim) + (p.dv() != p.head_dim ? "x" + std::to_string(p.dv()) : "");
+std::string head_dims_name(int d, int dv) {
+  return "_d" + std::to_string(d) + (dv != d ? "x" + std::to_string(dv) : "");
 }
 
 struct GridCase {
@@ -307,9 +307,9 @@ std::vector<GridCase> grid() {
 
 std::string name(const GridCase& c) {
   const Problem& p = c.problem;
-  return std::string(short_name(c.dtype)) + head_dims_name(p) + "_" + c.masking.name + "_b" + std::to_string(p.batch) +
-         "_sq" + std::to_string(p.seqlen_q) + "_sk" + std::to_string(p.seqlen_k) + "_h" + std::to_string(p.nheads) +
-         "_kv" + std::to_string(p.nheads_kv);
+  return std::string(short_name(c.dtype)) + head_dims_name(p.head_dim, p.dv()) + "_" + c.masking.name + "_b" +
+         std::to_string(p.batch) + "_sq" + std::to_string(p.seqlen_q) + "_sk" + std::to_string(p.seqlen_k) + "_h" +
+         std::to_string(p.nheads) + "_kv" + std::to_string(p.nheads_kv);
 }
 void PrintTo(const GridCase& c, std::ostream* out) { *out << name(c); }
 
@@ -344,8 +344,7 @@ std::vector<LayoutCase> layout_cases(bool packable_only) {
 }
 
 std::string name(const LayoutCase& c) {
-  return std::string(short_name(c.dtype)) + head_dims_name({1, 0, 0, 1, 1, c.dims.d, c.dims.dv}) + "_" +
-         c.masking.name;
+  return std::string(short_name(c.dtype)) + head_dims_name(c.dims.d, c.dims.dv) + "_" + c.masking.name;
 }
 void PrintTo(const LayoutCase& c, std::ostream* out) { *out << name(c); }
 
@@ -423,7 +422,8 @@ INSTANTIATE_TEST_SUITE_P(
                       RepeatCase{DType::kBFloat16, kCausalWindow, {2, 1500, 1500, 8, 2, 192, 128}}),
     [](const ::testing::TestParamInfo<RepeatCase>& info) {
       const RepeatCase& c = info.param;
-      return std::string(short_name(c.dtype)) + head_dims_name(c.problem) + "_" + c.masking.name;
+      return std::string(short_name(c.dtype)) + head_dims_name(c.problem.head_dim, c.problem.dv()) + "_" +
+             c.masking.name;
     });
 
 // ---- device checks of forward() ------------------------------------------------------------------

@@ -136,21 +136,6 @@ double lse_error(double value, double ref, std::int64_t* inf_mismatch) {
   return std::abs(value - ref);
 }
 
-// Keys [begin, end) that query row `row` sees: the bottom-right aligned band, clipped to the keys,
-// as in the reference. Both ends are non-decreasing in `row`.
-struct KeyRange {
-  std::int64_t begin, end;
-};
-KeyRange visible_keys(const reference::AttentionShape& s, const reference::ScoreOptions& options,
-                      std::int64_t row) {
-  const std::int64_t diagonal = row + s.seqlen_k - s.seqlen_q;
-  const int right = options.causal ? 0 : options.window_right;
-  const std::int64_t begin =
-      options.window_left < 0 ? 0 : std::clamp<std::int64_t>(diagonal - options.window_left, 0, s.seqlen_k);
-  const std::int64_t end = right < 0 ? s.seqlen_k : std::clamp<std::int64_t>(diagonal + right + 1, 0, s.seqlen_k);
-  return {begin, end};
-}
-
 // The mask of the sub-problem made of the rows of `block` and the keys [key_begin, key_end) they see
 // (key_end > key_begin) that hides exactly what `options` hides on these rows of the full problem.
 // Every row's visible keys lie in [key_begin, key_end), the first row's first to the last row's end,
@@ -178,8 +163,8 @@ reference::ScoreOptions sub_problem_options(const reference::AttentionShape& s, 
 void compare_block(const reference::AttentionShape& s, const reference::ScoreOptions& options, const HostTensors& t,
                    const CheckPlan& plan, const RowBlock& block, ErrorStats* stats) {
   const int rows = block.row_end - block.row_begin;
-  const std::int64_t key_begin = visible_keys(s, options, block.row_begin).begin;
-  const std::int64_t key_end = visible_keys(s, options, block.row_end - 1).end;
+  const std::int64_t key_begin = reference::visible_keys(s, options, block.row_begin).begin;
+  const std::int64_t key_end = reference::visible_keys(s, options, block.row_end - 1).end;
   const int keys = int(key_end - key_begin);
   const int heads_per_kv_head = s.nheads / s.nheads_kv;
   const std::size_t d = s.head_dim, dv = s.head_dim_v, n = plan.pairs.size();

@@ -27,6 +27,7 @@
 #include "bench_check.h"
 #include "bench_device.h"
 #include "flashhop/flashhop.h"
+#include "reference/attention_ref.h"
 
 namespace flashhop::bench {
 namespace {
@@ -258,18 +259,37 @@ std::optional<Options> parse_options(int argc, char** argv) {
   return options;
 }
 
+reference::AttentionShape attention_shape(const Config& c) {
+  reference::AttentionShape shape;
+  shape.batch = c.batch, shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k;
+  shape.nheads = c.nheads, shape.nheads_kv = c.nheads_kv;
+  shape.head_dim = c.head_dim, shape.head_dim_v = c.head_dim_v;
+  return shape;
+}
+
+// What the call does to the scores, with the scale forward() defaults to: 1/sqrt(d) rounded to float.
+reference::ScoreOptions score_options(const Config& c) {
+  reference::ScoreOptions score;
+  score.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(c.head_dim)));
+  score.softcap = c.softcap;
+  score.causal = c.causal;
+  score.window_left = c.window_left;
+  score.window_right = c.window_right;
+  return score;
+}
+
 // Visible (query, key) pairs per head, by the FLOP convention in this file's header comment.
 double attended_pairs(const Config& c) {
   const int right = c.causal ? 0 : c.window_right;
   const double full = double(c.seqlen_q) * c.seqlen_k;
   if (c.window_left < 0 && right < 0) return full;
   if (c.window_left < 0 && right == 0 && c.seqlen_q == c.seqlen_k) return full / 2;
+  const reference::AttentionShape shape = attention_shape(c);
+  const reference::ScoreOptions options = score_options(c);
   double pairs = 0;
   for (std::int64_t i = 0; i < c.seqlen_q; ++i) {
-    const std::int64_t diagonal = i + c.seqlen_k - c.seqlen_q;
-    const std::int64_t begin = c.window_left < 0 ? 0 : std::max<std::int64_t>(diagonal - c.window_left, 0);
-    const std::int64_t end = right < 0 ? c.seqlen_k : std::min<std::int64_t>(diagonal + right + 1, c.seqlen_k);
-    pairs += double(std::max<std::int64_t>(end - begin, 0));
+    const reference::VisibleKeys keys = reference::visible_keys(shape, options, i);
+    pairs += double(keys.end - keys.begin);
   }
   return pairs;
 }
@@ -371,18 +391,7 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
       host.v = copy_to_host<std::uint16_t>(sets[0].v);
       host.o = copy_to_host<std::uint16_t>(sets[0].o);
       host.lse = copy_to_host<float>(sets[0].lse);
-      reference::AttentionShape shape;
-      shape.batch = c.batch, shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k;
-      shape.nheads = c.nheads, shape.nheads_kv = c.nheads_kv;
-      shape.head_dim = c.head_dim, shape.head_dim_v = c.head_dim_v;
-      reference::ScoreOptions score;
-      // The scale forward() defaults to: 1/sqrt(d) rounded to float.
-      score.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(c.head_dim)));
-      score.softcap = c.softcap;
-      score.causal = c.causal;
-      score.window_left = c.window_left;
-      score.window_right = c.window_right;
-      result.check = check_forward(shape, score, host);
+      result.check = check_forward(attention_shape(c), score_options(c), host);
     }
 
     result.ms = median_time_ms(call, options.warmup, options.iters, stream);

@@ -309,8 +309,7 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   const int right = args.causal ? 0 : args.window_right;
   params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
   params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
-  params.local = static_cast<std::int64_t>(params.window_left) < std::int64_t{params.seqlen_k} - 1 ||
-                 static_cast<std::int64_t>(params.window_right) < std::int64_t{params.seqlen_q} - 1;
+  params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
   params.device = args.q.device;
   return params;
 }

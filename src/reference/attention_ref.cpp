@@ -39,19 +39,6 @@ void run_tasks(std::int64_t count, const MakeRunner& make_runner) {
   for (std::thread& helper : helpers) helper.join();
 }
 
-// Keys [begin, end) are visible to query row `row`; masks are aligned to the bottom-right corner.
-struct VisibleKeys {
-  std::int64_t begin, end;
-};
-VisibleKeys visible_keys(const AttentionShape& s, const ScoreOptions& options, std::int64_t row) {
-  const std::int64_t diagonal = row + s.seqlen_k - s.seqlen_q;
-  const int right = options.causal ? 0 : options.window_right;
-  std::int64_t begin = options.window_left < 0 ? 0 : diagonal - options.window_left;
-  std::int64_t end = right < 0 ? s.seqlen_k : diagonal + right + 1;
-  begin = std::clamp<std::int64_t>(begin, 0, s.seqlen_k);
-  end = std::clamp<std::int64_t>(end, 0, s.seqlen_k);
-  return {begin, std::max(begin, end)};
-}
 
 // Attention with every sum in `Real`; round_probability(p) is applied to each unnormalised
 // probability exp(s - max) before the P V product (but not to the row sum, as in the kernels).
@@ -152,6 +139,16 @@ float round_to_fp16(float x) { return __half2float(__float2half_rn(x)); }
 float keep_float(float x) { return x; }
 
 }  // namespace
+
+VisibleKeys visible_keys(const AttentionShape& s, const ScoreOptions& options, std::int64_t row) {
+  const std::int64_t diagonal = row + s.seqlen_k - s.seqlen_q;
+  const int right = options.causal ? 0 : options.window_right;
+  std::int64_t begin = options.window_left < 0 ? 0 : diagonal - options.window_left;
+  std::int64_t end = right < 0 ? s.seqlen_k : diagonal + right + 1;
+  begin = std::clamp<std::int64_t>(begin, 0, s.seqlen_k);
+  end = std::clamp<std::int64_t>(end, 0, s.seqlen_k);
+  return {begin, std::max(begin, end)};
+}
 
 void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v,
                        const ScoreOptions& options, std::vector<double>* o, std::vector<double>* lse) {

@@ -27,6 +27,13 @@ struct ScoreOptions {
   int window_left = -1, window_right = -1;
 };
 
+// Keys [begin, end) that query row `row` sees under `options`, clipped to [0, seqlen_k) (begin ==
+// end when none). Both ends are non-decreasing in `row`.
+struct VisibleKeys {
+  std::int64_t begin, end;
+};
+VisibleKeys visible_keys(const AttentionShape& shape, const ScoreOptions& options, std::int64_t row);
+
 // Inputs are contiguous: q (batch, seqlen_q, nheads, head_dim), k (batch, seqlen_k, nheads_kv,
 // head_dim), v (batch, seqlen_k, nheads_kv, head_dim_v). Outputs are resized and filled:
 // o (batch, seqlen_q, nheads, head_dim_v), lse (batch, nheads, seqlen_q).
