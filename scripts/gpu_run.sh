@@ -11,6 +11,8 @@
 #     bench     flashhop-bench --sweep peers --check --json
 #     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists
 #     features  flashhop-bench --sweep features (windows, softcap, head dims 96 / 192), --check then timed
+#     gqa       flashhop-bench --sweep gqa (GQA decode and short queries, --pack-gqa on and off), --check
+#               then timed, and tools/peers_sdpa.py --sweep gqa merged with it (not in the default list)
 #     sanitize  compute-sanitizer memcheck and racecheck on a subset of the GPU tests
 #     sass      cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
 # Environment:
@@ -26,7 +28,8 @@
 #                       runs them twice: with --check (correctness), then timed alone for bench.json
 #   PEERS_ARGS          flags for peers_sdpa.py (default "--warmup 100 --iters 500")
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
-# peers.json, features.log, features.json, sanitize.log, sass_summary.txt.
+# peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
+# sanitize.log, sass_summary.txt.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -132,17 +135,34 @@ stage_features() {
     tee -a "$log" | tail -20
 }
 
-# Small shapes of every head dim and mask (memcheck), and the multi-tile persistent shape, whose CTAs
-# hand Q's buffer over between tiles, at the head dims whose O has a buffer of its own (96) and
-# shares Q's (192 x 128) (racecheck).
+# As stage_features, then the SDPA peers of the same shapes; the stage fails if either part does.
+stage_gqa() {
+  local log="$OUT/gqa.log" status=0
+  "$BUILD_DIR/tools/flashhop-bench" --sweep gqa --warmup 100 --iters 500 --check >"$log" 2>&1 ||
+    { tail -40 "$log"; return 1; }
+  grep -cE 'check PASS' "$log" | sed 's/^/checks passed: /'
+  echo "=== timing pass" >>"$log"
+  "$BUILD_DIR/tools/flashhop-bench" --sweep gqa --warmup 100 --iters 500 --json "$OUT/gqa.json" 2>&1 |
+    tee -a "$log" | tail -20 || status=1
+  local merge=()
+  [[ -f $OUT/gqa.json ]] && merge=(--flashhop-json "$OUT/gqa.json")
+  # shellcheck disable=SC2086  # PEERS_ARGS is a list of flags
+  python3 "$root/tools/peers_sdpa.py" --sweep gqa --json "$OUT/gqa_peers.json" "${merge[@]}" $PEERS_ARGS 2>&1 |
+    tee "$OUT/gqa_peers.log" || status=1
+  return "$status"
+}
+
+# Small shapes of every head dim and mask (memcheck), and the multi-tile persistent shapes, whose
+# CTAs hand Q's buffer over between tiles, at the head dims whose O has a buffer of its own (96) and
+# shares Q's (192 x 128) (racecheck); each unpacked and with packed GQA rows.
 stage_sanitize() {
   local log="$OUT/sanitize.log" binary="$BUILD_DIR/tests/flashhop_tests" status=0
   : >"$log"
   compute-sanitizer --tool memcheck --error-exitcode 9 "$binary" --gtest_brief=1 \
-    --gtest_filter='Grid/ForwardGpu.*/bf16_*_b2_sq113_sk113_h4_kv2:Grid/ForwardGpu.*/bf16_*_b4_sq1000_sk300_h8_kv2' \
+    --gtest_filter='Grid/ForwardGpu.*/bf16_*_b2_sq113_sk113_h4_kv2:Grid/ForwardGpu.*/bf16_*_b4_sq1000_sk300_h8_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_*_b1_sq113_sk257_h6_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_*_b4_sq300_sk500_h16_kv2' \
     >>"$log" 2>&1 || status=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$binary" --gtest_brief=1 \
-    --gtest_filter='Grid/ForwardGpu.*/bf16_d96_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192x128_*_b4_sq1000_sk300_h8_kv2' \
+    --gtest_filter='Grid/ForwardGpu.*/bf16_d96_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192x128_*_b4_sq1000_sk300_h8_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d96_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d192x128_*_b4_sq300_sk500_h16_kv2' \
     >>"$log" 2>&1 || status=1
   grep -E 'ERROR SUMMARY|PASSED|FAILED' "$log"
   return "$status"
@@ -208,7 +228,7 @@ stage_sass() {
 
 for stage in "${stages[@]}"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    note "unknown stage '$stage' (build test bench peers features sanitize sass)"
+    note "unknown stage '$stage' (build test bench peers features gqa sanitize sass)"
     failed=1
     continue
   fi

@@ -134,6 +134,19 @@ TEST(CApi, SoftcapIsPassedOn) {
   EXPECT_TRUE(mentions(last_error(), "softcap = -1")) << last_error();
 }
 
+TEST(CApi, PackGqaValues) {
+  EXPECT_EQ(FLASHHOP_PACK_GQA_AUTO, static_cast<int>(flashhop::PackGqa::kAuto));
+  EXPECT_EQ(FLASHHOP_PACK_GQA_OFF, static_cast<int>(flashhop::PackGqa::kOff));
+  EXPECT_EQ(FLASHHOP_PACK_GQA_ON, static_cast<int>(flashhop::PackGqa::kOn));
+  CArgs c;
+  size_t bytes = 0;
+  c.args.pack_gqa = FLASHHOP_PACK_GQA_ON;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.pack_gqa = static_cast<flashhop_pack_gqa_t>(3);
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "pack_gqa = 3: expected FLASHHOP_PACK_GQA_AUTO (0), _OFF (1) or _ON (2)");
+}
+
 TEST(CApi, SoftmaxScaleZeroMeansDefaultAndNanIsRejected) {
   CArgs c;
   size_t bytes = 0;

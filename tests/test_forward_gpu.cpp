@@ -83,6 +83,7 @@ struct Call {
   ForwardPlan plan;
   bool with_lse = true;
   std::optional<float> softmax_scale;
+  flashhop::PackGqa pack_gqa = flashhop::PackGqa::kAuto;
 };
 
 // The plan's allocations on the host: outputs and padding poisoned, q, k and v scattered in.
@@ -126,6 +127,7 @@ void run_and_check(const Call& call) {
 
   flashhop::ForwardArgs args = bind_args(plan, bases, call.with_lse, call.masking);
   args.softmax_scale = call.softmax_scale;
+  args.pack_gqa = call.pack_gqa;
   const CudaStream stream;
   const Status status = flashhop::forward(args, nullptr, 0, stream.get());
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
@@ -323,6 +325,56 @@ TEST_P(ForwardGpu, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
+// ---- packed GQA rows: the query heads of a KV group share the query tiles ----------------------
+
+struct PackGqaCase {
+  DType dtype;
+  NamedMasking masking;
+  Problem problem;
+};
+
+std::vector<PackGqaCase> pack_gqa_cases() {
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): decoding (one query, MQA and GQA), a few queries
+  // per group, group sizes 3 and 12 that do not divide the 128-row tile (packed rows of one query
+  // straddle tiles), one head per group (g = 1), no keys, and a grid of 4 x 2 x 19 = 152 packed tiles,
+  // more than an H200's 132 SMs, so that persistent CTAs walk several and hand Q's buffer over.
+  const Problem shapes[] = {
+      {2, 1, 1000, 8, 1}, {2, 5, 333, 12, 3}, {1, 113, 257, 6, 2}, {3, 40, 700, 24, 2},
+      {1, 64, 64, 4, 4},  {1, 3, 0, 4, 2},    {4, 300, 500, 16, 2},
+  };
+  std::vector<PackGqaCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (const HeadDims& dims : kHeadDims) {
+      const std::vector<NamedMasking> variants =
+          dtype == DType::kBFloat16 ? std::vector<NamedMasking>{kFull, kCausal, kWindow, kCausalWindow, kSoftcapWindow}
+                                    : std::vector<NamedMasking>{kCausal};
+      for (const NamedMasking& masking : variants) {
+        for (Problem problem : shapes) {
+          problem.head_dim = dims.d;
+          problem.head_dim_v = dims.dv;
+          cases.push_back({dtype, masking, problem});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::string name(const PackGqaCase& c) { return name(GridCase{c.dtype, c.masking, c.problem}); }
+void PrintTo(const PackGqaCase& c, std::ostream* out) { *out << name(c); }
+
+using ForwardGpuPackGqa = GpuTestWithParam<PackGqaCase>;
+
+TEST_P(ForwardGpuPackGqa, MatchesReference) {
+  const PackGqaCase& c = GetParam();
+  Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
+  call.pack_gqa = flashhop::PackGqa::kOn;
+  run_and_check(call);
+}
+
+INSTANTIATE_TEST_SUITE_P(PackGqa, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_cases()),
+                         [](const ::testing::TestParamInfo<PackGqaCase>& info) { return name(info.param); });
+
 // ---- layouts: strided operands, LSE absent -----------------------------------------------------
 
 struct LayoutCase {
@@ -372,12 +424,41 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ForwardGpuPackedLayout, ::testing::ValuesIn(la
 INSTANTIATE_TEST_SUITE_P(Layouts, ForwardGpuLayout, ::testing::ValuesIn(layout_cases(/*packable_only=*/false)),
                          [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
 
+// Packed GQA rows through strided operands: Q, K and V slices of one QKV tensor, O padded per head,
+// LSE padded per row; and without LSE.
+using ForwardGpuPackGqaLayout = GpuTestWithParam<LayoutCase>;
+using ForwardGpuPackGqaPackedLayout = GpuTestWithParam<LayoutCase>;
+
+TEST_P(ForwardGpuPackGqaPackedLayout, PackedQkvPaddedOutputs) {
+  const LayoutCase& c = GetParam();
+  const Problem problem{2, 40, 40, 24, 2, c.dims.d, c.dims.dv};
+  Call call{problem, c.dtype, c.masking.masking, strided_plan(problem, c.dtype)};
+  call.pack_gqa = flashhop::PackGqa::kOn;
+  run_and_check(call);
+}
+
+TEST_P(ForwardGpuPackGqaLayout, WithoutLse) {
+  const LayoutCase& c = GetParam();
+  const Problem problem{2, 7, 300, 16, 2, c.dims.d, c.dims.dv};
+  Call call{problem, c.dtype, c.masking.masking, contiguous_plan(problem, c.dtype)};
+  call.pack_gqa = flashhop::PackGqa::kOn;
+  call.with_lse = false;
+  run_and_check(call);
+}
+
+INSTANTIATE_TEST_SUITE_P(PackGqaLayouts, ForwardGpuPackGqaPackedLayout,
+                         ::testing::ValuesIn(layout_cases(/*packable_only=*/true)),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
+INSTANTIATE_TEST_SUITE_P(PackGqaLayouts, ForwardGpuPackGqaLayout, ::testing::ValuesIn(layout_cases(/*packable_only=*/false)),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
+
 // ---- determinism: repeated calls give bitwise identical outputs -----------------------------------
 
 struct RepeatCase {
   DType dtype;
   NamedMasking masking;
   Problem problem;
+  flashhop::PackGqa pack_gqa = flashhop::PackGqa::kAuto;
 };
 
 using ForwardGpuRepeat = GpuTestWithParam<RepeatCase>;
@@ -392,7 +473,8 @@ TEST_P(ForwardGpuRepeat, RepeatedCallsAreBitwiseIdentical) {
   const std::vector<std::vector<unsigned char>> host = host_images(plan, q, k, v);
   std::vector<DeviceBuffer> device;
   const std::vector<void*> bases = upload(host, &device);
-  const flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.masking.masking);
+  flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.masking.masking);
+  args.pack_gqa = c.pack_gqa;
 
   std::vector<unsigned char> first_o, first_lse;
   for (int run = 0; run < 3; ++run) {
@@ -419,11 +501,12 @@ INSTANTIATE_TEST_SUITE_P(
                       RepeatCase{DType::kFloat16, kCausal, {1, 2048, 2048, 8, 1, 256}},
                       RepeatCase{DType::kFloat16, kFull, {3, 513, 777, 32, 8, 64}},
                       RepeatCase{DType::kBFloat16, kSoftcapWindow, {2, 1500, 1500, 8, 2, 96}},
-                      RepeatCase{DType::kBFloat16, kCausalWindow, {2, 1500, 1500, 8, 2, 192, 128}}),
+                      RepeatCase{DType::kBFloat16, kCausalWindow, {2, 1500, 1500, 8, 2, 192, 128}},
+                      RepeatCase{DType::kBFloat16, kCausal, {4, 300, 500, 16, 2, 128}, flashhop::PackGqa::kOn}),
     [](const ::testing::TestParamInfo<RepeatCase>& info) {
       const RepeatCase& c = info.param;
       return std::string(short_name(c.dtype)) + head_dims_name(c.problem.head_dim, c.problem.dv()) + "_" +
-             c.masking.name;
+             c.masking.name + (c.pack_gqa == flashhop::PackGqa::kOn ? "_packgqa" : "");
     });
 
 // ---- device checks of forward() ------------------------------------------------------------------

@@ -180,6 +180,15 @@ const InvalidCase kInvalidCases[] = {
      kInvalid, {"window_right = 3", "-1 or 0 with causal"}},
     {"softcap_nan", [](ForwardArgs& a) { a.softcap = std::nanf(""); }, kInvalid, {"softcap = nan", "finite"}},
     {"softcap_negative", [](ForwardArgs& a) { a.softcap = -2.f; }, kInvalid, {"softcap = -2", ">= 0 (0: off)"}},
+    // packed GQA rows
+    {"pack_gqa_outside_the_enum", [](ForwardArgs& a) { a.pack_gqa = static_cast<flashhop::PackGqa>(7); }, kInvalid,
+     {"pack_gqa = 7", "kAuto, kOff or kOn"}},
+    {"pack_gqa_on_past_the_row_limit",
+     [](ForwardArgs& a) {
+       a.pack_gqa = flashhop::PackGqa::kOn;
+       a.q.shape[1] = a.o.shape[1] = a.lse->shape[2] = std::int64_t{1} << 29;  // x 4 heads per KV head
+     },
+     kInvalid, {"pack_gqa = on: seqlen_q * nheads / nheads_kv = 2147483648", "expected <= 2147418111"}},
     // valid but not supported
     {"head_dim_80", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 80; },
      kNotSupported, {"q.shape[3] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
@@ -383,6 +392,45 @@ INSTANTIATE_TEST_SUITE_P(
                       // One query row at the bottom sees every key under a causal mask (decoding).
                       WindowCase{"causal_single_query", 1, 300, true, -1, -1, false, 300, 0}),
     [](const ::testing::TestParamInfo<WindowCase>& info) { return info.param.name; });
+
+struct PackGqaCase {
+  const char* name;
+  flashhop::PackGqa mode;
+  int seqlen_q, heads_per_kv_head;
+  bool packed;  // expected
+};
+
+class ForwardParamsPackGqa : public ::testing::TestWithParam<PackGqaCase> {};
+
+TEST_P(ForwardParamsPackGqa, PacksWhenAskedOrWhenTilesFillBetter) {
+  const PackGqaCase& c = GetParam();
+  EXPECT_EQ(flashhop::detail::use_pack_gqa(c.mode, c.seqlen_q, c.heads_per_kv_head), c.packed);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PackGqa, ForwardParamsPackGqa,
+    ::testing::Values(PackGqaCase{"decode", flashhop::PackGqa::kAuto, 1, 4, true},
+                      PackGqaCase{"decode_off", flashhop::PackGqa::kOff, 1, 4, false},
+                      PackGqaCase{"no_groups", flashhop::PackGqa::kAuto, 1, 1, false},
+                      PackGqaCase{"no_groups_on", flashhop::PackGqa::kOn, 1000, 1, true},
+                      // Whole tiles either way: nothing to gain.
+                      PackGqaCase{"full_tiles", flashhop::PackGqa::kAuto, 1024, 8, false},
+                      PackGqaCase{"full_tiles_on", flashhop::PackGqa::kOn, 1024, 8, true},
+                      // 65 rows fill 51% of their tiles, 260 packed rows 68%.
+                      PackGqaCase{"half_tile", flashhop::PackGqa::kAuto, 65, 4, true},
+                      // 1000 rows fill 98% of theirs: packing cannot gain 10%.
+                      PackGqaCase{"long", flashhop::PackGqa::kAuto, 1000, 3, false},
+                      // Packed rows past the 32-bit limit stay unpacked.
+                      PackGqaCase{"too_many_rows", flashhop::PackGqa::kAuto, 1 << 28, 16, false}),
+    [](const ::testing::TestParamInfo<PackGqaCase>& info) { return info.param.name; });
+
+TEST(ForwardParams, ResolvesPackGqa) {
+  ForwardArgs args = with_problem({2, 1, 500, 32, 8, 128});
+  ASSERT_TRUE(flashhop::validate_forward(args).ok());
+  EXPECT_TRUE(flashhop::detail::make_forward_params(args).pack_gqa);
+  args.pack_gqa = flashhop::PackGqa::kOff;
+  EXPECT_FALSE(flashhop::detail::make_forward_params(args).pack_gqa);
+}
 
 TEST(ForwardParams, GivenScaleAndAbsentLse) {
   ForwardArgs args = valid_args();

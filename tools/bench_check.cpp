@@ -59,11 +59,14 @@ CheckPlan plan_check(const reference::AttentionShape& s) {
   // Multiply-adds of one query row against every key: an upper bound under any mask.
   const double row_macs = double(s.seqlen_k) * (s.head_dim + s.head_dim_v);
   const double pair_macs = row_macs * s.seqlen_q;
+  // Each pair also copies and converts its K and V, which costs about as much as 16 query rows:
+  // with a few query rows (decoding) that, not the multiply-adds, bounds the pairs.
+  const double pair_cost = row_macs * (s.seqlen_q + 16);
   const std::int64_t all_pairs = std::int64_t(s.batch) * s.nheads;
 
   std::int64_t pairs = all_pairs;
-  if (pair_macs * double(all_pairs) > kCheckBudgetMacs) {
-    pairs = std::min(all_pairs, std::max<std::int64_t>(2, std::int64_t(kCheckBudgetMacs / pair_macs)));
+  if (pair_cost * double(all_pairs) > kCheckBudgetMacs) {
+    pairs = std::min(all_pairs, std::max<std::int64_t>(2, std::int64_t(kCheckBudgetMacs / pair_cost)));
   }
   const bool whole_heads = pair_macs * double(pairs) <= kCheckBudgetMacs;
   const int blocks = whole_heads ? 1 : std::min(kRowBlocks, s.seqlen_q);

@@ -16,7 +16,8 @@
 // mean of V rows, by at most twice that times max|V|.
 //
 // Subset: the double-precision reference of the largest shapes would take minutes each, so the
-// compared part is capped at kCheckBudgetMacs multiply-adds: all (batch, head) pairs and all rows when
+// compared part is capped at kCheckBudgetMacs multiply-adds (a pair's copy of K and V counted as 16
+// query rows' worth): all (batch, head) pairs and all rows when
 // the problem fits; otherwise an evenly spaced sample of (batch, head) pairs that always includes the
 // first and the last; and, when even two pairs do not fit, 16 evenly spaced blocks of query rows, the
 // first block starting at row 0 and the last ending at the last row. Each block is compared against

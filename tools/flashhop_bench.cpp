@@ -9,7 +9,10 @@
 // where pairs is sq * sk without a mask, sq * sk / 2 for the causal mask with sq == sk (the convention
 // the peers' numbers use; also when that mask is given as the window (-1, 0)), and otherwise (causal
 // with sq != sk, sliding windows) the exact count of (query, key) pairs the bottom-right aligned band
-// leaves visible. Soft-capping adds nothing to the count.
+// leaves visible. Soft-capping adds nothing to the count. K/V bandwidth, for every configuration: the
+// bytes of K and V, b * sk * h_kv * (d + dv) * element size, over the time, as if each were read once;
+// the figure that bounds decoding (PEERS.md), only a lower bound on the traffic where several query
+// tiles read the same K/V.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -42,6 +45,7 @@ struct Config {
   bool causal = false;
   int window_left = -1, window_right = -1;  // as in ForwardArgs: -1 is unbounded
   float softcap = 0.f;
+  PackGqa pack_gqa = PackGqa::kAuto;
 };
 
 struct Options {
@@ -56,12 +60,16 @@ struct Options {
 struct Result {
   Config config;
   std::string error;  // empty when the configuration ran
-  double ms = 0, tflops = 0;
+  double ms = 0, tflops = 0, kv_tbps = 0;
   int input_sets = 0;
   std::optional<CheckResult> check;
 };
 
 const char* short_dtype(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
+
+const char* pack_gqa_name(PackGqa mode) {
+  return mode == PackGqa::kOn ? "on" : mode == PackGqa::kOff ? "off" : "auto";
+}
 
 void print_usage(std::FILE* out) {
   std::fprintf(out,
@@ -73,12 +81,17 @@ void print_usage(std::FILE* out) {
       "  --dtype bf16|fp16 [bf16]  --causal  --window-left N [-1]  --window-right N [-1]\n"
       "                    (sliding window, bottom-right aligned; -1: unbounded)\n"
       "  --softcap X [0]   scores s become X * tanh(s / X); 0: off\n"
+      "  --pack-gqa auto|on|off [auto]  query heads that share a KV head packed into one query tile\n"
+      "                    (ForwardArgs::pack_gqa; auto: packed where that fills the tiles better)\n"
       "Sweeps:\n"
       "  --sweep peers     the grid of PEERS.md: d in {64,128,256}, nheads = 2048/d, seqlen in\n"
       "                    {512,...,16384} with batch = 16384/seqlen, causal no/yes, bf16\n"
       "  --sweep features  bf16, seqlen 8192, batch 2, 16 heads: d = 128 full, causal, causal with\n"
       "                    window (1024, 0), window (1024, 1024), softcap 30 full and causal; and\n"
       "                    d = 96, 192 and 192 with dv = 128, full and causal\n"
+      "  --sweep gqa       bf16, d = 128, 32 query / 8 KV heads, each with --pack-gqa on and off:\n"
+      "                    decode (seqlen_q 1) batch 64 x seqlen_k 32768 and batch 8 x 8192; seqlen_q\n"
+      "                    16 and 128, seqlen_k 8192, batch 8, causal no/yes\n"
       "Other:\n"
       "  --check           compare O and LSE with the CPU double-precision reference\n"
       "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
@@ -133,6 +146,35 @@ std::vector<Config> features_sweep() {
     c.window_right = variant.window_right;
     c.softcap = variant.softcap;
     configs.push_back(c);
+  }
+  return configs;
+}
+
+// GQA decoding and short-query prefill (bf16, d = 128, 32 query / 8 KV heads), each shape with the
+// query heads of a KV group packed into one query tile and not: decode at PEERS.md's batch 64 x 32k
+// keys and at batch 8 x 8k, then 16 and 128 queries on 8k keys, batch 8, without and with causal.
+std::vector<Config> gqa_sweep() {
+  struct Shape {
+    int batch, seqlen_q, seqlen_k;
+    bool causal;
+  };
+  constexpr Shape kShapes[] = {
+      {64, 1, 32768, false}, {8, 1, 8192, false},  {8, 16, 8192, false},
+      {8, 16, 8192, true},   {8, 128, 8192, false}, {8, 128, 8192, true},
+  };
+  std::vector<Config> configs;
+  for (const Shape& shape : kShapes) {
+    for (PackGqa pack_gqa : {PackGqa::kOn, PackGqa::kOff}) {
+      Config c;
+      c.batch = shape.batch;
+      c.seqlen_q = shape.seqlen_q;
+      c.seqlen_k = shape.seqlen_k;
+      c.nheads = 32;
+      c.nheads_kv = 8;
+      c.causal = shape.causal;
+      c.pack_gqa = pack_gqa;
+      configs.push_back(c);
+    }
   }
   return configs;
 }
@@ -216,11 +258,24 @@ std::optional<Options> parse_options(int argc, char** argv) {
         return std::nullopt;
       }
       config.softcap = parsed;
+    } else if (flag == "--pack-gqa") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      if (*text == "auto") {
+        config.pack_gqa = PackGqa::kAuto;
+      } else if (*text == "on") {
+        config.pack_gqa = PackGqa::kOn;
+      } else if (*text == "off") {
+        config.pack_gqa = PackGqa::kOff;
+      } else {
+        std::fprintf(stderr, "flashhop-bench: --pack-gqa expects auto, on or off, got '%s'\n", text->c_str());
+        return std::nullopt;
+      }
     } else if (flag == "--sweep") {
       const auto text = next_value();
       if (!text) return std::nullopt;
-      if (*text != "peers" && *text != "features") {
-        std::fprintf(stderr, "flashhop-bench: unknown sweep '%s' (known: peers, features)\n", text->c_str());
+      if (*text != "peers" && *text != "features" && *text != "gqa") {
+        std::fprintf(stderr, "flashhop-bench: unknown sweep '%s' (known: peers, features, gqa)\n", text->c_str());
         return std::nullopt;
       }
       options.sweep = *text;
@@ -253,7 +308,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
   if (options.sweep.empty()) {
     options.configs = {config};
   } else {
-    options.configs = options.sweep == "peers" ? peers_sweep() : features_sweep();
+    options.configs = options.sweep == "peers"      ? peers_sweep()
+                      : options.sweep == "features" ? features_sweep()
+                                                    : gqa_sweep();
   }
   if (!seed_given) options.seed = (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
   return options;
@@ -298,6 +355,11 @@ double forward_flops(const Config& c) {
   return 2.0 * c.batch * c.nheads * attended_pairs(c) * (c.head_dim + c.head_dim_v);
 }
 
+// The bytes of K and V, by the bandwidth convention in this file's header comment.
+double kv_bytes(const Config& c) {
+  return double(c.batch) * c.seqlen_k * c.nheads_kv * (c.head_dim + c.head_dim_v) * dtype_size(c.dtype);
+}
+
 // The device tensors of one forward call, contiguous in flashhop's layout.
 struct InputSet {
   DeviceBuffer q, k, v, o, lse;
@@ -328,6 +390,7 @@ InputSet make_input_set(const Config& c, std::uint64_t seed, cudaStream_t stream
   set.args.window_left = c.window_left;
   set.args.window_right = c.window_right;
   set.args.softcap = c.softcap;
+  set.args.pack_gqa = c.pack_gqa;
   return set;
 }
 
@@ -396,6 +459,7 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
 
     result.ms = median_time_ms(call, options.warmup, options.iters, stream);
     result.tflops = forward_flops(c) / (result.ms * 1e-3) / 1e12;
+    result.kv_tbps = kv_bytes(c) / (result.ms * 1e-3) / 1e12;
   } catch (const BenchError& error) {
     result.error = error.what();
     // A failed launch can leave work or an error behind; start the next configuration clean.
@@ -437,6 +501,7 @@ std::string describe(const Config& c) {
   out << "b=" << c.batch << " sq=" << c.seqlen_q << " sk=" << c.seqlen_k << " h=" << c.nheads << "/"
       << c.nheads_kv << " d=" << head_dims(c) << " " << short_dtype(c.dtype);
   if (const std::string mask = mask_name(c); mask != "none") out << " " << mask;
+  if (c.pack_gqa != PackGqa::kAuto) out << " pack-gqa=" << pack_gqa_name(c.pack_gqa);
   return out.str();
 }
 
@@ -445,9 +510,9 @@ void print_progress(const Result& r, double gemm_tflops) {
   if (!r.error.empty()) {
     std::printf("%-58s ERROR %s\n", describe(r.config).c_str(), r.error.c_str());
   } else {
-    std::printf("%-58s %9.3f ms %7.1f TFLOP/s %5.1f%% of GEMM  (%d input set%s)\n",
-                describe(r.config).c_str(), r.ms, r.tflops, 100 * r.tflops / gemm_tflops, r.input_sets,
-                r.input_sets == 1 ? "" : "s");
+    std::printf("%-58s %9.3f ms %7.1f TFLOP/s %5.1f%% of GEMM %6.2f TB/s K/V  (%d input set%s)\n",
+                describe(r.config).c_str(), r.ms, r.tflops, 100 * r.tflops / gemm_tflops, r.kv_tbps,
+                r.input_sets, r.input_sets == 1 ? "" : "s");
   }
   if (r.check) {
     const CheckResult& k = *r.check;
@@ -464,19 +529,23 @@ void print_progress(const Result& r, double gemm_tflops) {
   std::fflush(stdout);
 }
 
-// The closing table: one row per configuration.
+// The closing table: one row per configuration; a pack GQA column when some configuration sets it.
 void print_table(const std::vector<Result>& results, double gemm_tflops, bool check) {
-  std::printf("\n| d (x dv) | mask | seqlen_q | seqlen_k | batch | heads (q/kv) | dtype | ms | TFLOP/s | of GEMM |%s\n",
-              check ? " check |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|%s\n", check ? "---|" : "");
+  const bool pack = std::any_of(results.begin(), results.end(),
+                                [](const Result& r) { return r.config.pack_gqa != PackGqa::kAuto; });
+  std::printf("\n| d (x dv) | mask | seqlen_q | seqlen_k | batch | heads (q/kv) | dtype |%s ms | TFLOP/s | of GEMM "
+              "| K/V TB/s |%s\n",
+              pack ? " pack GQA |" : "", check ? " check |" : "");
+  std::printf("|---|---|---|---|---|---|---|%s---|---|---|---|%s\n", pack ? "---|" : "", check ? "---|" : "");
   for (const Result& r : results) {
     const Config& c = r.config;
     std::printf("| %s | %s | %d | %d | %d | %d/%d | %s | ", head_dims(c).c_str(), mask_name(c).c_str(), c.seqlen_q,
                 c.seqlen_k, c.batch, c.nheads, c.nheads_kv, short_dtype(c.dtype));
+    if (pack) std::printf("%s | ", pack_gqa_name(c.pack_gqa));
     if (r.error.empty()) {
-      std::printf("%.3f | %.1f | %.1f%% |", r.ms, r.tflops, 100 * r.tflops / gemm_tflops);
+      std::printf("%.3f | %.1f | %.1f%% | %.2f |", r.ms, r.tflops, 100 * r.tflops / gemm_tflops, r.kv_tbps);
     } else {
-      std::printf("error | - | - |");
+      std::printf("error | - | - | - |");
     }
     if (check) {
       std::printf(" %s |", !r.check ? "-" : r.check->passed ? "pass" : "FAIL");
@@ -532,6 +601,7 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
       << ", \"iters\": " << options.iters << ",\n";
   out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk without a mask, causal sq==sk: sq*sk/2, "
          "other masks: exact count of the bottom-right band\",\n";
+  out << "  \"kv_bandwidth_convention\": \"b*sk*h_kv*(d+dv)*element bytes / time: K and V counted once\",\n";
   out << "  \"gemm\": {\"m\": " << kGemmSize << ", \"n\": " << kGemmSize << ", \"k\": " << kGemmSize
       << ", \"dtype\": \"bf16\", \"tflops\": " << json_number(gemm_tflops) << "},\n";
   out << "  \"results\": [";
@@ -543,13 +613,14 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
         << c.nheads_kv << ", \"head_dim\": " << c.head_dim << ", \"head_dim_v\": " << c.head_dim_v
         << ", \"dtype\": \"" << short_dtype(c.dtype) << "\", \"causal\": " << (c.causal ? "true" : "false")
         << ", \"window_left\": " << c.window_left << ", \"window_right\": " << c.window_right
-        << ", \"softcap\": " << json_number(c.softcap) << "},\n";
+        << ", \"softcap\": " << json_number(c.softcap) << ", \"pack_gqa\": \"" << pack_gqa_name(c.pack_gqa)
+        << "\"},\n";
     out << "     \"status\": " << (r.error.empty() ? "\"ok\"" : "\"error\"")
         << ", \"error\": " << (r.error.empty() ? "null" : json_string(r.error));
     if (r.error.empty()) {
       out << ", \"ms\": " << json_number(r.ms) << ", \"tflops\": " << json_number(r.tflops)
           << ", \"fraction_of_gemm\": " << json_number(r.tflops / gemm_tflops)
-          << ", \"input_sets\": " << r.input_sets;
+          << ", \"kv_tbps\": " << json_number(r.kv_tbps) << ", \"input_sets\": " << r.input_sets;
     }
     out << ",\n     \"check\": ";
     if (!r.check) {

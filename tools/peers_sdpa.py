@@ -1,20 +1,31 @@
 #!/usr/bin/env python3
 """Times PyTorch scaled_dot_product_attention (cuDNN and FlashAttention-2 backends) on the grid of
-`flashhop-bench --sweep peers`, in the same way, and prints one side-by-side table.
+`flashhop-bench --sweep peers` or `--sweep gqa`, in the same way, and prints one side-by-side table.
 
-Grid (PEERS.md): d in {64, 128, 256}, nheads = 2048 / d, seqlen in {512, ..., 16384} with
-batch = 16384 / seqlen, causal no / yes, bf16, layout (batch, seqlen, nheads, d) as flashhop takes it,
-handed to SDPA as (batch, nheads, seqlen, d) views (transpose(1, 2), no copy).
+Grids, bf16, layout (batch, seqlen, nheads, d) as flashhop takes it, handed to SDPA as
+(batch, nheads, seqlen, d) views (transpose(1, 2), no copy):
+  peers (PEERS.md): d in {64, 128, 256}, nheads = 2048 / d, seqlen in {512, ..., 16384} with
+        batch = 16384 / seqlen, causal no / yes.
+  gqa:  d = 128, 32 query / 8 KV heads (SDPA's enable_gqa): decode (seqlen_q 1) batch 64 x
+        seqlen_k 32768 and batch 8 x 8192; seqlen_q 16 and 128, seqlen_k 8192, batch 8, causal
+        no / yes. flashhop-bench runs each with --pack-gqa on and off; the table shows both.
 
 Method (the tool library's device/METHOD.md, as flashhop-bench): random normal inputs, as many input
 sets as it takes to exceed three times the L2 cache, rotated between calls; warm-up calls, then one
 CUDA event pair around each timed call and the median. TFLOP/s with the FlashAttention convention,
-4 * b * h * sq * sk * d, half for causal. SDPA's causal mask is aligned to the top-left corner,
-flashhop's to the bottom-right; they are the same mask when seqlen_q == seqlen_k, which holds on
-this grid.
+4 * b * h * pairs * d, pairs = sq * sk, half for causal with sq == sk, else the exact count of the
+bottom-right causal band (as flashhop-bench). K/V TB/s: b * sk * h_kv * 2d * 2 bytes over the time,
+K and V counted once (the figure that bounds decoding).
 
-With --flashhop-json FILE (flashhop-bench --json output) the table gets a flashhop column and
-flashhop / best peer. Runs on the GPU machine: python3 with torch, nothing else.
+Masks: flashhop's causal mask is aligned to the bottom-right corner. SDPA's is_causal is aligned to
+the top-left, the same mask when seqlen_q == seqlen_k; otherwise the FA2 backend gets
+causal_lower_right(sq, sk), which it runs as FA2's own causal mask (an error if the flash kernel
+refuses: with sdpa_kernel(FLASH_ATTENTION) nothing else may run it), and the cuDNN backend, whose
+causal mask in SDPA is top-left only, is not run.
+
+With --flashhop-json FILE (flashhop-bench --json output of the same sweep) the table gets flashhop
+columns and flashhop / best peer (in speed; for gqa, the faster of packed and unpacked). Runs on the
+GPU machine: python3 with torch, nothing else.
 """
 import argparse
 import json
@@ -25,6 +36,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
 BACKEND_TITLES = {"cudnn": "cuDNN", "fa2": "FA2"}
@@ -42,9 +54,31 @@ def peers_grid(head_dims, seqlens):
                        "head_dim": head_dim, "dtype": "bf16", "causal": causal}
 
 
+def gqa_grid():
+    shapes = [(64, 1, 32768, False), (8, 1, 8192, False)]
+    shapes += [(8, seqlen_q, 8192, causal) for seqlen_q in (16, 128) for causal in (False, True)]
+    for batch, seqlen_q, seqlen_k, causal in shapes:
+        yield {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "nheads": 32, "nheads_kv": 8,
+               "head_dim": 128, "dtype": "bf16", "causal": causal}
+
+
+def bottom_right_causal(c):
+    return c["causal"] and c["seqlen_q"] != c["seqlen_k"]
+
+
 def forward_flops(c):
-    pairs = c["seqlen_q"] * c["seqlen_k"] / (2 if c["causal"] else 1)
+    sq, sk = c["seqlen_q"], c["seqlen_k"]
+    if not c["causal"]:
+        pairs = sq * sk
+    elif sq == sk:
+        pairs = sq * sk / 2
+    else:  # query i sees keys 0 .. i + sk - sq
+        pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq))
     return 4.0 * c["batch"] * c["nheads"] * pairs * c["head_dim"]
+
+
+def kv_bytes(c):
+    return c["batch"] * c["seqlen_k"] * c["nheads_kv"] * 2 * c["head_dim"] * 2
 
 
 def median_time_ms(launch, warmup, iters):
@@ -70,27 +104,43 @@ def gemm_tflops(warmup, iters):
 
 def input_sets(c, l2_bytes):
     """Random (q, k, v) sets in flashhop's layout, enough of them to defeat the L2 cache."""
-    b, s, h, d = c["batch"], c["seqlen_q"], c["nheads"], c["head_dim"]
-    set_bytes = 4 * b * s * h * d * 2  # q, k, v and the output, bf16
+    b, d = c["batch"], c["head_dim"]
+    q_shape = (b, c["seqlen_q"], c["nheads"], d)
+    kv_shape = (b, c["seqlen_k"], c["nheads_kv"], d)
+    set_bytes = 2 * math.prod(q_shape) * 2 + kv_bytes(c)  # q and the output, k and v, bf16
     count = max(1, min(MAX_INPUT_SETS, math.ceil(L2_MULTIPLE * l2_bytes / set_bytes)))
-    return [tuple(torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return [tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+                  for shape in (q_shape, kv_shape, kv_shape))
             for _ in range(count)]
+
+
+def not_matched(backend, c):
+    """Why `backend` has no run of c's problem through SDPA, or None."""
+    if backend == "cudnn" and bottom_right_causal(c):
+        return "not run: SDPA's cuDNN causal mask is top-left only, flashhop's is bottom-right"
+    return None
 
 
 def time_backend(backend, c, sets, warmup, iters):
     views = [tuple(t.transpose(1, 2) for t in qkv) for qkv in sets]  # (b, h, s, d), no copy
+    if bottom_right_causal(c):
+        mask = {"attn_mask": causal_lower_right(c["seqlen_q"], c["seqlen_k"])}
+    else:
+        mask = {"is_causal": c["causal"]}
+    enable_gqa = c["nheads"] != c["nheads_kv"]
 
     def launch(i):
         q, k, v = views[i % len(views)]
-        F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"])
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, **mask)
 
     with sdpa_kernel(BACKENDS[backend]):
         return median_time_ms(launch, warmup, iters)
 
 
-def config_key(c):
+def config_key(c, pack_gqa="auto"):
+    """With c's pack_gqa where it has one (flashhop-bench's JSON), else `pack_gqa`."""
     return (c["head_dim"], bool(c["causal"]), c["seqlen_q"], c["seqlen_k"], c["batch"], c["nheads"],
-            c["nheads_kv"])
+            c["nheads_kv"], c.get("pack_gqa", pack_gqa))
 
 
 def load_flashhop(path):
@@ -99,25 +149,60 @@ def load_flashhop(path):
     return {config_key(r["config"]): r for r in report["results"]}, report
 
 
+def flashhop_result(flashhop, c, pack_gqa="auto"):
+    """flashhop-bench's result for peer configuration c, or None."""
+    return flashhop.get(config_key(c, pack_gqa)) if flashhop is not None else None
+
+
+def flashhop_cell(ours, value):
+    if ours is None:
+        return "-"
+    if ours["status"] != "ok":
+        return "error"
+    failed = ours.get("check") is not None and not ours["check"]["passed"]
+    return value(ours) + (" (check FAILED)" if failed else "")
+
+
+def peer_cell(peer, value):
+    return value(peer) if "ms" in peer else "n/a" if "skipped" in peer else "error"
+
+
 def markdown_table(results, flashhop):
     lines = ["| d | causal | seqlen (batch) | flashhop | cuDNN | FA2 | flashhop / best peer |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         c = r["config"]
         peers = [r["backends"][name].get("tflops") for name in BACKENDS]
-        cells = [f"{t:.0f}" if t is not None else "error" for t in peers]
-        ours = flashhop.get(config_key(c)) if flashhop is not None else None
-        if ours is None:
-            ours_cell, ratio_cell = "-", "-"
-        elif ours["status"] != "ok":
-            ours_cell, ratio_cell = "error", "-"
-        else:
-            failed = ours.get("check") is not None and not ours["check"]["passed"]
-            ours_cell = f"{ours['tflops']:.0f}" + (" (check FAILED)" if failed else "")
-            best = max((t for t in peers if t is not None), default=None)
-            ratio_cell = f"{ours['tflops'] / best:.2f}" if best else "-"
+        cells = [peer_cell(r["backends"][name], lambda p: f"{p['tflops']:.0f}") for name in BACKENDS]
+        ours = flashhop_result(flashhop, c)
+        ours_cell = flashhop_cell(ours, lambda o: f"{o['tflops']:.0f}")
+        best = max((t for t in peers if t is not None), default=None)
+        ok = ours is not None and ours["status"] == "ok"
+        ratio_cell = f"{ours['tflops'] / best:.2f}" if ok and best else "-"
         lines.append(f"| {c['head_dim']} | {'yes' if c['causal'] else 'no'} | "
                      f"{c['seqlen_q']} ({c['batch']}) | {ours_cell} | {cells[0]} | {cells[1]} | {ratio_cell} |")
+    return "\n".join(lines)
+
+
+def gqa_table(results, flashhop):
+    """K/V TB/s (TFLOP/s) of flashhop packed and unpacked and of each peer, one row per shape."""
+    lines = ["| seqlen_q | seqlen_k | batch | causal | flashhop packed | flashhop unpacked | cuDNN | FA2 "
+             "| flashhop / best peer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def value(r):
+        return f"{r['kv_tbps']:.2f} ({r['tflops']:.0f})"
+
+    for r in results:
+        c = r["config"]
+        ours = [flashhop_result(flashhop, c, pack_gqa) for pack_gqa in ("on", "off")]
+        peers = [r["backends"][name] for name in BACKENDS]
+        ours_ms = [o["ms"] for o in ours if o is not None and o["status"] == "ok"]
+        peers_ms = [p["ms"] for p in peers if "ms" in p]
+        ratio_cell = f"{min(peers_ms) / min(ours_ms):.2f}" if ours_ms and peers_ms else "-"
+        cells = [flashhop_cell(o, value) for o in ours] + [peer_cell(p, value) for p in peers]
+        lines.append(f"| {c['seqlen_q']} | {c['seqlen_k']} | {c['batch']} | "
+                     f"{'yes' if c['causal'] else 'no'} | " + " | ".join(cells) + f" | {ratio_cell} |")
     return "\n".join(lines)
 
 
@@ -125,9 +210,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT", help="write every result as JSON")
     parser.add_argument("--flashhop-json", metavar="FILE", help="flashhop-bench --json output to merge")
-    parser.add_argument("--head-dims", default="64,128,256", help="subset of the grid's head dims")
+    parser.add_argument("--sweep", choices=("peers", "gqa"), default="peers",
+                        help="the flashhop-bench sweep to mirror")
+    parser.add_argument("--head-dims", default="64,128,256", help="subset of the peers grid's head dims")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384",
-                        help="subset of the grid's sequence lengths")
+                        help="subset of the peers grid's sequence lengths")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
@@ -142,39 +229,54 @@ def main():
     gemm = gemm_tflops(args.warmup, args.iters)
     print(f"torch.matmul bf16 {GEMM_SIZE}^3: {gemm:.1f} TFLOP/s (median)\n", flush=True)
 
-    head_dims = [int(x) for x in args.head_dims.split(",")]
-    seqlens = [int(x) for x in args.seqlens.split(",")]
+    if args.sweep == "peers":
+        grid = peers_grid([int(x) for x in args.head_dims.split(",")],
+                          [int(x) for x in args.seqlens.split(",")])
+    else:
+        grid = gqa_grid()
     results = []
-    for c in peers_grid(head_dims, seqlens):
+    for c in grid:
         sets = input_sets(c, l2_bytes)
         entry = {"config": c, "input_sets": len(sets), "backends": {}}
         for name in BACKENDS:
+            if reason := not_matched(name, c):
+                entry["backends"][name] = {"skipped": reason}
+                continue
             try:
                 ms = time_backend(name, c, sets, args.warmup, args.iters)
-                entry["backends"][name] = {"ms": ms, "tflops": forward_flops(c) / (ms * 1e-3) / 1e12}
+                entry["backends"][name] = {"ms": ms, "tflops": forward_flops(c) / (ms * 1e-3) / 1e12,
+                                           "kv_tbps": kv_bytes(c) / (ms * 1e-3) / 1e12}
             except RuntimeError as error:  # e.g. no kernel of this backend for the configuration
                 torch.cuda.synchronize()
                 entry["backends"][name] = {"error": str(error).splitlines()[0]}
         del sets
         results.append(entry)
-        cells = "  ".join(f"{BACKEND_TITLES[n]} " + (f"{r['ms']:.3f} ms {r['tflops']:.1f} TFLOP/s"
-                                                     if "tflops" in r else f"ERROR {r['error']}")
+        cells = "  ".join(f"{BACKEND_TITLES[n]} " + (f"{r['ms']:.3f} ms {r['tflops']:.1f} TFLOP/s "
+                                                     f"{r['kv_tbps']:.2f} TB/s K/V" if "ms" in r
+                                                     else r["skipped"] if "skipped" in r
+                                                     else f"ERROR {r['error']}")
                           for n, r in entry["backends"].items())
-        print(f"d={c['head_dim']} causal={'yes' if c['causal'] else 'no'} s={c['seqlen_q']} "
-              f"b={c['batch']} h={c['nheads']}: {cells}", flush=True)
+        print(f"d={c['head_dim']} causal={'yes' if c['causal'] else 'no'} sq={c['seqlen_q']} "
+              f"sk={c['seqlen_k']} b={c['batch']} h={c['nheads']}/{c['nheads_kv']}: {cells}", flush=True)
 
     flashhop = None
     if args.flashhop_json:
         flashhop, report = load_flashhop(args.flashhop_json)
         print(f"\nflashhop-bench's cuBLAS bf16 GEMM: {report['gemm']['tflops']} TFLOP/s")
-    print("\nTFLOP/s, forward, bf16:\n")
-    print(markdown_table(results, flashhop))
+    if args.sweep == "peers":
+        print("\nTFLOP/s, forward, bf16:\n")
+        print(markdown_table(results, flashhop))
+    else:
+        print("\nK/V TB/s (TFLOP/s), forward, bf16, d = 128, 32 query / 8 KV heads; flashhop packed: "
+              "--pack-gqa on:\n")
+        print(gqa_table(results, flashhop))
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tool": "peers_sdpa.py", "device": props.name, "torch": torch.__version__,
-                       "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-                       "gemm_bf16_tflops": gemm, "warmup": args.warmup, "iters": args.iters,
+            json.dump({"tool": "peers_sdpa.py", "sweep": args.sweep, "device": props.name,
+                       "torch": torch.__version__, "cuda": torch.version.cuda,
+                       "cudnn": torch.backends.cudnn.version(), "gemm_bf16_tflops": gemm,
+                       "warmup": args.warmup, "iters": args.iters,
                        "results": results}, f, indent=1)
         print(f"\nwrote {args.json}")
 

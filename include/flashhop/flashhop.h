@@ -66,6 +66,13 @@ struct Status {
   static Status success() { return {}; }
 };
 
+// GQA / MQA (nheads > nheads_kv): whether the query heads that share a KV head are packed into the
+// rows of one query tile, so that one CTA serves the whole group and reads its K/V once. This pays
+// when seqlen_q is short (decoding: seqlen_q * nheads / nheads_kv rows fill tiles that seqlen_q
+// rows alone would leave mostly empty). kAuto packs when nheads > nheads_kv and packing fills the
+// query tiles better; kOn always packs (with nheads == nheads_kv each group is one head).
+enum class PackGqa { kAuto = 0, kOff = 1, kOn = 2 };
+
 struct ForwardArgs {
   TensorDesc q, k, v, o;
   std::optional<TensorDesc> lse;             // written when present
@@ -73,6 +80,7 @@ struct ForwardArgs {
   bool causal = false;
   int window_left = -1, window_right = -1;   // sliding window; -1: unbounded (with causal, window_right is 0 or -1)
   float softcap = 0.f;                       // > 0: scores s = softmax_scale q.k become softcap * tanh(s / softcap)
+  PackGqa pack_gqa = PackGqa::kAuto;
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first).

@@ -23,6 +23,9 @@ typedef enum {
 
 typedef enum { FLASHHOP_FLOAT16 = 0, FLASHHOP_BFLOAT16 = 1, FLASHHOP_FLOAT32 = 2 } flashhop_dtype_t;
 
+/* flashhop::PackGqa */
+typedef enum { FLASHHOP_PACK_GQA_AUTO = 0, FLASHHOP_PACK_GQA_OFF = 1, FLASHHOP_PACK_GQA_ON = 2 } flashhop_pack_gqa_t;
+
 typedef struct {
   void* data;
   flashhop_dtype_t dtype;
@@ -43,6 +46,7 @@ typedef struct {
   int window_left;              /* with use_window: keys left of the diagonal, -1 unbounded */
   int window_right;             /* with use_window: keys right of the diagonal, -1 unbounded */
   float softcap;                /* 0: off; > 0: scores s become softcap * tanh(s / softcap) */
+  flashhop_pack_gqa_t pack_gqa; /* 0 (FLASHHOP_PACK_GQA_AUTO): packed when it fills query tiles better */
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

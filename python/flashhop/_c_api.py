@@ -22,6 +22,9 @@ _SUCCESS = 0
 _INVALID_ARGUMENT = 1
 _NOT_SUPPORTED = 2
 
+# flashhop_pack_gqa_t for pack_gqa None (auto), False (off) and True (on)
+_PACK_GQA = {None: 0, False: 1, True: 2}
+
 
 class _Tensor(ctypes.Structure):
     """flashhop_tensor_t."""
@@ -51,6 +54,7 @@ class _ForwardArgs(ctypes.Structure):
         ("window_left", ctypes.c_int),
         ("window_right", ctypes.c_int),
         ("softcap", ctypes.c_float),
+        ("pack_gqa", ctypes.c_int),  # flashhop_pack_gqa_t
     ]
 
 
@@ -106,7 +110,7 @@ def _window_width(name, width):
     return min(width, _INT32_MAX)
 
 
-def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
+def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa):
     """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
     be the current device. The window is always given, (-1, -1) being none."""
     if softmax_scale == 0.0:
@@ -117,7 +121,8 @@ def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
                         lse=ctypes.pointer(lse_desc),
                         softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal),
                         use_window=1, window_left=_window_width("window_left", window_left),
-                        window_right=_window_width("window_right", window_right), softcap=softcap)
+                        window_right=_window_width("window_right", window_right), softcap=softcap,
+                        pack_gqa=_PACK_GQA[pack_gqa])
     workspace_bytes = ctypes.c_size_t()
     _check(_library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
     # From PyTorch's caching allocator on the kernel's stream: once freed, the block goes only to

@@ -28,12 +28,15 @@ def _empty_outputs(q, v):
 
 @torch.library.custom_op("flashhop::fwd", mutates_args=())
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
-        window_left: int, window_right: int, softcap: float) -> Tuple[torch.Tensor, torch.Tensor]:
+        window_left: int, window_right: int, softcap: float,
+        pack_gqa: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(S) v and lse = logsumexp(S) per query row, in FlashAttention's layout, for the
     scores S = softmax_scale * q k^T, soft-capped to softcap * tanh(S / softcap) when softcap > 0,
     with -inf where masked. Masks are aligned to the bottom-right corner: query i sees the keys j
     with i + offset - window_left <= j <= i + offset + window_right, offset = seqlen_k - seqlen_q,
-    -1 leaving a side unbounded; causal is window_right = 0 (window_right > 0 with it is an error)."""
+    -1 leaving a side unbounded; causal is window_right = 0 (window_right > 0 with it is an error).
+    pack_gqa packs the query heads that share a KV head into one query tile: None lets the library
+    choose, True always, False never; the result is the same attention."""
     # Registered for every device type so that a tensor elsewhere gets this message rather than the
     # dispatcher's "could not run with arguments from the CPU backend".
     for name, tensor in (("q", q), ("k", k), ("v", v)):
@@ -41,12 +44,12 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Option
             raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
     out, lse = _empty_outputs(q, v)
     with torch.cuda.device(q.device):
-        _c_api.forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap)
+        _c_api.forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
     return out, lse
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None):
     return _empty_outputs(q, v)
 
 
@@ -70,7 +73,7 @@ def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, window_left, w
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, *options = inputs
+    q, k, v, *options, _pack_gqa = inputs  # bwd takes no pack_gqa: it only schedules the forward
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = options  # softmax_scale, causal, window_left, window_right, softcap
@@ -79,7 +82,7 @@ def _save_for_backward(ctx, inputs, output):
 def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, *ctx.options)
-    return (grad_q, grad_k, grad_v) + (None,) * len(ctx.options)
+    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 1)  # + 1: pack_gqa
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)

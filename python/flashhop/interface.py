@@ -7,7 +7,7 @@ from . import _ops  # noqa: F401  (registers torch.ops.flashhop.*)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-1, -1), softcap=0.0,
-                    return_attn_probs=False):
+                    pack_gqa=None, return_attn_probs=False):
     """Exact attention in FlashAttention's layout, as FlashAttention-3's function of this name.
 
     q: (batch, seqlen_q, nheads, head_dim); k: (batch, seqlen_k, nheads_kv, head_dim); v: (batch,
@@ -22,6 +22,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     and (-1, 0) is causal. As in FlashAttention-3, causal sets right to 0 whatever it was.
     softcap: > 0 caps the scores s = softmax_scale * q.k to softcap * tanh(s / softcap) before the
     mask and the softmax; 0.0 is off.
+    pack_gqa: with GQA / MQA (nheads > nheads_kv), whether the query heads that share a KV head are
+    packed into the rows of one query tile, which pays for short seqlen_q (decoding). None lets the
+    library choose (it packs when that fills the 128-row query tiles better), True always packs,
+    False never does; the result is the same attention either way.
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
@@ -33,7 +37,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     if causal:
         # As FlashAttention-3 does; the library itself rejects causal with a window to the right.
         window_right = 0
-    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                                              pack_gqa)
     return (out, softmax_lse) if return_attn_probs else out
 
 

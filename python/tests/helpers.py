@@ -62,35 +62,38 @@ def attention_reference(q, k, v, softmax_scale=None, causal=False, window_size=(
     return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse
 
 
-def _assert_within(name, got, reference, baseline, abs_term):
-    """max |got - reference| <= 2 max |baseline - reference| + abs_term, with -inf where the
+def _assert_within(name, got, expected, reference, baseline, abs_term):
+    """max |got - expected| <= 2 max |baseline - reference| + abs_term, with -inf where the
     reference has -inf and no NaN anywhere."""
-    got, reference, baseline = got.double(), reference.double(), baseline.double()
+    got, expected, reference, baseline = got.double(), expected.double(), reference.double(), baseline.double()
     assert got.shape == reference.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(reference.shape)}"
     assert not got.isnan().any(), f"{name}: NaN in the result"
     infinite = reference.isinf()
     assert torch.equal(got.isinf(), infinite), f"{name}: -inf at other positions than in the reference"
     if infinite.all():
         return
-    error = (got - reference)[~infinite].abs().max().item()
+    error = (got - expected)[~infinite].abs().max().item()
     baseline_error = (baseline - reference)[~infinite].abs().max().item()
     assert error <= 2 * baseline_error + abs_term, (
         f"{name}: max error {error:.3g} > 2 x {baseline_error:.3g} (same-precision PyTorch) + {abs_term:.3g}")
 
 
-def assert_matches_reference(out, lse, q, k, v, softcap=0.0, **options):
+def assert_matches_reference(out, lse, q, k, v, softcap=0.0, expected=None, **options):
     """FlashAttention's rule: flashhop's error against the float64 reference is at most twice that
     of plain attention in the inputs' precision, plus one unit of that precision (out) or a small
     fp32 term (lse). Soft-capping adds the error of the kernels' tanh (tanh.approx.f32, relative
     error below 2^-10.987), which moves a capped score by up to about softcap * 2^-11: that much
-    to lse, and through the softmax weights twice that times max |v| to out."""
+    to lse, and through the softmax weights twice that times max |v| to out.
+    expected: another result (out, lse) of the same call, to be matched within that same bound
+    instead of the reference."""
     out_ref, lse_ref = attention_reference(q, k, v, softcap=softcap, **options)
     out_base, lse_base = attention_reference(q, k, v, softcap=softcap, dtype=q.dtype, **options)
+    out_expected, lse_expected = (out_ref, lse_ref) if expected is None else expected
     score_error = softcap * 2**-11
     max_abs_v = v.abs().max().item() if v.numel() else 0.0
-    _assert_within("out", out, out_ref, out_base, torch.finfo(q.dtype).eps + 2 * score_error * max_abs_v)
+    _assert_within("out", out, out_expected, out_ref, out_base, torch.finfo(q.dtype).eps + 2 * score_error * max_abs_v)
     if lse is not None:
-        _assert_within("lse", lse, lse_ref, lse_base, 1e-4 + score_error)
+        _assert_within("lse", lse, lse_expected, lse_ref, lse_base, 1e-4 + score_error)
 
 
 def skip_unless_built(call, *args, **kwargs):

@@ -1,5 +1,6 @@
-"""flashhop's results against a float64 reference: odd shapes, GQA, causal masks, sliding windows,
-soft-capping, dtypes, head dims, strided inputs, and the scaled_dot_product_attention layout."""
+"""flashhop's results against a float64 reference: odd shapes, GQA, packed GQA, causal masks,
+sliding windows, soft-capping, dtypes, head dims, strided inputs, and the scaled_dot_product_attention
+layout."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -119,6 +120,45 @@ def test_grouped_query_attention(seqlen_q, seqlen_k, features, nheads, nheads_kv
     q, k, v = random_qkv(3, seqlen_q, seqlen_k, nheads, nheads_kv, 128)
     out, lse = _run(q, k, v, **FEATURES[features])
     assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
+
+
+# pack_gqa: the query heads of a KV group packed into the rows of one query tile. Short seqlen_q, where
+# packing pays (auto packs), with packed rows from 3 to 616 (not multiples of 128), and seqlen_k from 1
+# (most rows see no key under causal) to several key tiles.
+PACK_GQA = [None, True, False]
+PACK_GQA_IDS = ["auto", "on", "off"]
+PACK_GQA_HEADS = [(8, 1), (12, 3), (6, 2)]
+
+
+@pytest.mark.parametrize("pack_gqa", PACK_GQA, ids=PACK_GQA_IDS)
+@pytest.mark.parametrize("nheads,nheads_kv", PACK_GQA_HEADS)
+@pytest.mark.parametrize("features", ["causal", "window61_17", "softcap_causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 1000), (5, 300), (77, 1), (77, 1000)])
+def test_pack_gqa(seqlen_q, seqlen_k, features, nheads, nheads_kv, pack_gqa):
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, nheads, nheads_kv, 128)
+    out, lse = _run(q, k, v, pack_gqa=pack_gqa, **FEATURES[features])
+    assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim,head_dim_v", HEAD_DIMS, ids=HEAD_DIM_IDS)
+@pytest.mark.parametrize("features", ["full", "softcap_window61_17"])
+def test_pack_gqa_head_dims(features, head_dim, head_dim_v, dtype):
+    """Every packed kernel: each dtype and head dim, without a mask and with one."""
+    q, k, v = random_qkv(2, 77, 300, 12, 3, head_dim, dtype, head_dim_v)
+    out, lse = _run(q, k, v, pack_gqa=True, **FEATURES[features])
+    assert_matches_reference(out, lse, q, k, v, **FEATURES[features])
+
+
+@pytest.mark.parametrize("nheads,nheads_kv", PACK_GQA_HEADS)
+@pytest.mark.parametrize("features", ["causal", "softcap_window61_17"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(5, 1000), (77, 300)])
+def test_pack_gqa_on_equals_off(seqlen_q, seqlen_k, features, nheads, nheads_kv):
+    """Packed and unpacked results differ by no more than the tolerance lets either miss the reference."""
+    q, k, v = random_qkv(2, seqlen_q, seqlen_k, nheads, nheads_kv, 128)
+    on = _run(q, k, v, pack_gqa=True, **FEATURES[features])
+    off = _run(q, k, v, pack_gqa=False, **FEATURES[features])
+    assert_matches_reference(*on, q, k, v, expected=off, **FEATURES[features])
 
 
 @pytest.mark.parametrize("softmax_scale", [0.01, 0.3, 1.0])

@@ -12,9 +12,10 @@ def test_fake_implementation_gives_output_shapes():
     q = torch.empty(2, 5, 8, 192, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2, 9, 2, 192, dtype=torch.bfloat16, device="meta")
     v = torch.empty(2, 9, 2, 128, dtype=torch.bfloat16, device="meta")
-    out, lse = torch.ops.flashhop.fwd(q, k, v, None, True, 4, 0, 30.0)
-    assert (out.shape, out.dtype) == ((2, 5, 8, 128), torch.bfloat16)
-    assert (lse.shape, lse.dtype) == ((2, 8, 5), torch.float32)
+    for out, lse in [torch.ops.flashhop.fwd(q, k, v, None, True, 4, 0, 30.0),
+                     torch.ops.flashhop.fwd(q, k, v, None, True, 4, 0, 30.0, pack_gqa=True)]:
+        assert (out.shape, out.dtype) == ((2, 5, 8, 128), torch.bfloat16)
+        assert (lse.shape, lse.dtype) == ((2, 8, 5), torch.float32)
 
 
 @requires_hopper
@@ -24,6 +25,13 @@ def test_opcheck():
     for options in [(None, True, -1, -1, 0.0), (0.5, False, -1, -1, 0.0), (None, False, 16, 8, 30.0),
                     (None, True, 32, 0, 5.0)]:
         torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, *options))
+
+
+@requires_hopper
+def test_opcheck_pack_gqa():
+    q, k, v = random_qkv(2, 5, 300, 12, 3, 128)
+    for pack_gqa in [None, True, False]:
+        torch.library.opcheck(torch.ops.flashhop.fwd.default, (q, k, v, None, True, -1, 0, 0.0, pack_gqa))
 
 
 @requires_hopper
@@ -53,7 +61,8 @@ class Attention(torch.nn.Module):
 
 
 # flash_attn_func's keyword arguments in the models that the tests compile.
-ATTENTION = {"causal": {"causal": True}, "window_softcap": {"window_size": (48, 16), "softcap": 20.0}}
+ATTENTION = {"causal": {"causal": True}, "window_softcap": {"window_size": (48, 16), "softcap": 20.0},
+             "causal_pack_gqa": {"causal": True, "pack_gqa": True}}
 
 
 def _model(attention):

@@ -1,5 +1,5 @@
 // Runtime arguments become template arguments here, once: dtype -> element type, (head dim,
-// head dim of V) -> constants, mask -> policy. Configurations left out of the build
+// head dim of V) -> constants, mask -> policy, packed GQA rows -> flag. Configurations left out of the build
 // (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include <string>
 #include <type_traits>
@@ -62,11 +62,17 @@ FLASHHOP_BUILT(cutlass::half_t, 256, 256)
 #endif
 #undef FLASHHOP_BUILT
 
+template <class Element, int kHeadDim, int kHeadDimV, class Mask>
+Status launch_with_mask(ForwardParams const& p, cudaStream_t stream) {
+  return p.pack_gqa ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true>(p, stream)
+                    : sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false>(p, stream);
+}
+
 template <class Element, int kHeadDim, int kHeadDimV>
 Status launch_if_built(ForwardParams const& p, cudaStream_t stream) {
   if constexpr (IsBuilt<Element, kHeadDim, kHeadDimV>::value) {
-    return p.local ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, sm90::LocalMask>(p, stream)
-                   : sm90::launch_forward<Element, kHeadDim, kHeadDimV, sm90::NoMask>(p, stream);
+    return p.local ? launch_with_mask<Element, kHeadDim, kHeadDimV, sm90::LocalMask>(p, stream)
+                   : launch_with_mask<Element, kHeadDim, kHeadDimV, sm90::NoMask>(p, stream);
   } else {
     return not_built(p);
   }

@@ -74,6 +74,11 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
     return {flashhop::StatusCode::kInvalidArgument,
             "use_window = " + std::to_string(args->use_window) + ": expected 0 or 1"};
   }
+  if (args->pack_gqa != FLASHHOP_PACK_GQA_AUTO && args->pack_gqa != FLASHHOP_PACK_GQA_OFF &&
+      args->pack_gqa != FLASHHOP_PACK_GQA_ON) {
+    return {flashhop::StatusCode::kInvalidArgument, "pack_gqa = " + std::to_string(static_cast<int>(args->pack_gqa)) +
+                                                        ": expected FLASHHOP_PACK_GQA_AUTO (0), _OFF (1) or _ON (2)"};
+  }
   out->q = to_cpp(args->q);
   out->k = to_cpp(args->k);
   out->v = to_cpp(args->v);
@@ -86,6 +91,7 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
     out->window_right = args->window_right;
   }
   out->softcap = args->softcap;
+  out->pack_gqa = static_cast<flashhop::PackGqa>(args->pack_gqa);
   return flashhop::Status::success();
 }
 

@@ -33,8 +33,14 @@ struct ForwardParams {
   // (window_left = seqlen_k, window_right = seqlen_q); causal is window_right = 0.
   int window_left = 0, window_right = 0;
   bool local = false;  // the band hides some key from some query (else no mask is needed)
+  // Query tiles run over (query row, head of the KV group) pairs, the head fastest (PackGqa).
+  bool pack_gqa = false;
   int device = 0;
 };
+
+// Whether a call packs the query heads of a KV group into its query tiles (PackGqa): kAuto packs
+// when heads_per_kv_head > 1 and the packed rows fill 128-row query tiles better by more than 10%.
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head);
 
 // Flattens arguments that validate_forward() accepted.
 ForwardParams make_forward_params(const ForwardArgs& args);

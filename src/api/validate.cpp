@@ -191,6 +191,24 @@ Status check_mask_and_softcap(const ForwardArgs& args) {
   return Status::success();
 }
 
+// Packed rows are seqlen_q * (nheads / nheads_kv) per KV head, indexed in 32 bits like sequences.
+std::int64_t packed_rows(const Operand& q, const Operand& k) { return q.dim(1) * (q.dim(2) / k.dim(2)); }
+
+Status check_pack_gqa(const ForwardArgs& args, const Operand& q, const Operand& k) {
+  switch (args.pack_gqa) {
+    case PackGqa::kAuto:
+    case PackGqa::kOff:
+      return Status::success();
+    case PackGqa::kOn:
+      if (packed_rows(q, k) > kMaxSeqlenSum) {
+        return invalid("pack_gqa = on: seqlen_q * nheads / nheads_kv = ", packed_rows(q, k), ": expected <= ",
+                       kMaxSeqlenSum, " packed query rows");
+      }
+      return Status::success();
+  }
+  return invalid("pack_gqa = ", static_cast<int>(args.pack_gqa), ": expected PackGqa::kAuto, kOff or kOn");
+}
+
 }  // namespace
 
 Status validate_forward(const ForwardArgs& args) {
@@ -258,10 +276,23 @@ Status validate_forward(const ForwardArgs& args) {
                    ": expected a finite value >= 0 (or none for 1/sqrt(head_dim))");
   }
   if (Status status = check_mask_and_softcap(args); !status.ok()) return status;
+  if (Status status = check_pack_gqa(args, q, k); !status.ok()) return status;
   return check_supported_head_dims(q, v);
 }
 
 namespace detail {
+
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head) {
+  if (mode != PackGqa::kAuto) return mode == PackGqa::kOn;
+  const std::int64_t packed = std::int64_t{seqlen_q} * heads_per_kv_head;
+  if (heads_per_kv_head == 1 || packed > kMaxSeqlenSum) return false;
+  // The fraction of a query tile's rows that hold queries, the last tile of each head counted.
+  const auto fill = [](std::int64_t rows) {
+    constexpr std::int64_t kTileRows = 128;
+    return static_cast<double>(rows) / static_cast<double>((rows + kTileRows - 1) / kTileRows * kTileRows);
+  };
+  return fill(seqlen_q) < 0.9 * fill(packed);
+}
 
 ForwardParams make_forward_params(const ForwardArgs& args) {
   ForwardParams params;
@@ -310,6 +341,7 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
   params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
+  params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv);
   params.device = args.q.device;
   return params;
 }

@@ -59,16 +59,18 @@ struct ForwardKernel {
   }
 
   static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p) {
+    int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
       bool const persistent = num_m_blocks(p) <= Mainloop::kTile.causal_persistent_max_m_blocks;
-      return Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch, persistent);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, persistent);
     } else {
-      return Scheduler::to_params(num_m_blocks(p), p.nheads, p.batch);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
     }
   }
 
   static int num_m_blocks(detail::ForwardParams const& p) {
-    return (p.seqlen_q + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
+    int const rows = Mainloop::Rows::make(p.seqlen_q, p.nheads, p.nheads_kv).rows;
+    return (rows + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
@@ -76,7 +78,7 @@ struct ForwardKernel {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
     auto const role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
     auto const key_blocks = [&](ForwardTile const& tile) {
-      return params.mask.template key_blocks<Mainloop::kBlockM, Mainloop::kBlockN>(tile.m_block);
+      return Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
     auto const next_tile_loads = [&](int64_t index) {
@@ -88,17 +90,17 @@ struct ForwardKernel {
     // for O, by one thread of each consumer warpgroup once it no longer reads Q.
     constexpr int kQFreeArrivals = Epilogue::kOwnBuffer ? kConsumerWarpGroups : 1;
     if (threadIdx.x == 0) {
-      shared.q_full.init(/*arrive_count=*/1);
+      shared.q_full.init(Mainloop::kQFullArrivals);
       shared.q_free.init(kQFreeArrivals);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
-      typename Pipeline::Params params;
-      params.transaction_bytes = tile_bytes;
-      params.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
-                                                     : Pipeline::ThreadCategory::Consumer;
-      params.is_leader = threadIdx.x == 0;
-      params.num_consumers = kConsumerThreads;
-      return params;
+      typename Pipeline::Params ring;
+      ring.transaction_bytes = tile_bytes;
+      ring.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
+                                                   : Pipeline::ThreadCategory::Consumer;
+      ring.is_leader = threadIdx.x == 0;
+      ring.num_consumers = kConsumerThreads;
+      return ring;
     };
     // The constructors initialise the barriers (warp 0) and fence the initialisation.
     Pipeline pipeline_k(shared.pipeline_k, pipeline_params(Mainloop::kKTileBytes), Shape<_1, _1, _1>{});
@@ -111,9 +113,8 @@ struct ForwardKernel {
     // count the hand-overs the same way, so neither runs two phases ahead of the other.
     if (role == WarpGroupRole::kProducer) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-      if (threadIdx.x == 0) {
-        Mainloop::prefetch_tma_descriptors(params.mainloop);
-        typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+      // Calls load(tile, blocks, wait_q_free) for each of the CTA's tiles that loads anything.
+      auto const for_each_loading_tile = [&](auto const& load) {
         int q_free_phase = 0;
         bool first = true;
         for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
@@ -127,8 +128,26 @@ struct ForwardKernel {
             shared.q_free.wait(q_free_phase);
             q_free_phase ^= 1;
           };
+          load(tile, blocks, wait_q_free);
+        }
+      };
+      // Thread 0 issues the TMA loads of K and V (and of Q unless packed); warp 1 gathers packed Q.
+      if (threadIdx.x == 0) {
+        Mainloop::prefetch_tma_descriptors(params.mainloop);
+        typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+        for_each_loading_tile([&](ForwardTile const& tile, KeyBlocks const& blocks, auto const& wait_q_free) {
           Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
                          tile.head, tile.batch, blocks, wait_q_free);
+        });
+      }
+      if constexpr (Mainloop::kPackGqa) {
+        if (cutlass::canonical_warp_idx_sync() == 1) {
+          int const lane = threadIdx.x % 32;
+          for_each_loading_tile([&](ForwardTile const& tile, KeyBlocks const&, auto const& wait_q_free) {
+            wait_q_free();
+            Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile.m_block, tile.head,
+                                    tile.batch, lane);
+          });
         }
       }
     } else {

@@ -9,9 +9,9 @@
 
 namespace flashhop::sm90 {
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask>
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa>
 Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
-  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask>;
+  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa>;
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 

@@ -1,6 +1,7 @@
 // Mainloop of the sm90 forward kernel: the producer half (TMA loads of Q once and of K/V tiles into
 // a ring of shared-memory stages) and the consumer half (S = Q K^T and O += P V by wgmma, with the
-// online softmax in between). One CTA computes one 128-row query tile of one head at a time.
+// online softmax in between). One CTA computes one 128-row query tile of one head at a time
+// (with kPackGqa, of one KV head's group of query heads: query_rows.h).
 // Q and K have head dim d (kHeadDim), V and O head dim dv (kHeadDimV).
 #pragma once
 
@@ -13,15 +14,18 @@
 #include "kernels/sm90/barriers.h"
 #include "kernels/sm90/gmma_utils.h"
 #include "kernels/sm90/mask.h"
+#include "kernels/sm90/query_rows.h"
 #include "kernels/sm90/softmax.h"
 #include "kernels/sm90/tile_config.h"
 
 namespace flashhop::sm90 {
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_>
 struct ForwardMainloop {
   using Element = Element_;
   using Mask = Mask_;
+  static constexpr bool kPackGqa = kPackGqa_;
+  using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal);
@@ -108,11 +112,14 @@ struct ForwardMainloop {
                                             cute::Shape<BlockN, HeadDimV>{}, cute::_1{}));
 
   struct Params {
-    TmaQ tma_q;
+    TmaQ tma_q;  // unpacked Q
     TmaK tma_k;
     TmaV tma_v;
     int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
-    int heads_per_kv_head;  // GQA group size
+    Rows rows;
+    // Packed Q, gathered row by row: (batch, seqlen_q, nheads, d) with these strides.
+    Element const* q;
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
     // The softmax runs on kept scores: s = q.k, or tanh(s * softcap_prescale) with soft-capping.
     // score_scale turns a kept score into the softmax's exponent (natural log units).
     bool softcap;
@@ -146,7 +153,11 @@ struct ForwardMainloop {
             p.nheads,
             p.nheads_kv,
             p.batch,
-            p.nheads / p.nheads_kv,
+            Rows::make(p.seqlen_q, p.nheads, p.nheads_kv),
+            static_cast<Element const*>(p.q),
+            p.q_batch_stride,
+            p.q_row_stride,
+            p.q_head_stride,
             softcap,
             softcap ? p.softmax_scale / p.softcap : 0.f,
             score_scale,
@@ -154,15 +165,26 @@ struct ForwardMainloop {
   }
 
   static CUTLASS_DEVICE void prefetch_tma_descriptors(Params const& params) {
-    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    if constexpr (!kPackGqa) cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
 
+  // Key tiles of query tile m_block. Its rows past the last query are computed but never stored;
+  // their queries count too.
+  static CUTLASS_DEVICE KeyBlocks key_blocks(Params const& params, Mask const& mask, int m_block) {
+    int const first_row = m_block * kBlockM;
+    return mask.template key_blocks<kBlockN>(params.rows.query(first_row), params.rows.query(first_row + kBlockM - 1));
+  }
+
+  // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
+  // arrival per lane of the warp that gathers Q (load_q_packed).
+  static constexpr int kQFullArrivals = kPackGqa ? 32 : 1;
+
   // Producer, one thread, for one tile that visits key tiles [blocks.begin, blocks.end): the K and
   // V of key tiles blocks.end - 1 down to blocks.begin, each into the next free stage of its ring,
-  // and Q. The first K/V pair goes out before Q, whose buffer may still hold the previous tile's O:
-  // `wait_q_free` returns once the epilogue has released it.
+  // and Q unless packed. The first K/V pair goes out before Q, whose buffer may still hold the
+  // previous tile's O: `wait_q_free` returns once the epilogue has released it.
   template <class WaitQFree>
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, cutlass::arch::ClusterTransactionBarrier& q_full,
                                   Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& write, int m_block,
@@ -171,7 +193,7 @@ struct ForwardMainloop {
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});  // (kBlockN, d, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});  // (kBlockN, dv, stage)
-    int const head_kv = head / params.heads_per_kv_head;
+    int const head_kv = params.rows.kv_head(head);
     int const seqlen_k = cute::max(params.seqlen_k, 1);  // as in to_params
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
@@ -200,11 +222,47 @@ struct ForwardMainloop {
       ++write;
     };
     load_kv(blocks.end - 1);
-    wait_q_free();
-    using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
-    q_full.arrive_and_expect_tx(kQBytes);
-    copy(params.tma_q.with(reinterpret_cast<BarrierType&>(q_full)), tQgQ, tQsQ);
+    if constexpr (!kPackGqa) {
+      wait_q_free();
+      using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+      q_full.arrive_and_expect_tx(kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<BarrierType&>(q_full)), tQgQ, tQsQ);
+    }
+    // Not unrolled: each load waits for a free stage anyway, and the producer has 24 registers.
+    CUTLASS_PRAGMA_NO_UNROLL
     for (int n_block = blocks.end - 2; n_block >= blocks.begin; --n_block) load_kv(n_block);
+  }
+
+  // Producer warp, packed Q only (lane in [0, 32)): gathers the tile's rows, each from its own query
+  // head, into Q's buffer by 16-byte cp.async copies, lanes along a row; rows past the last query
+  // are zeroed. The caller has waited for the buffer to be free.
+  static CUTLASS_DEVICE void load_q_packed(Params const& params, SharedStorage& smem,
+                                           cutlass::arch::ClusterTransactionBarrier& q_full, int m_block, int head,
+                                           int batch, int lane) {
+    using namespace cute;
+    static_assert(kPackGqa);
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
+    // 16 bytes are contiguous in every swizzled layout here (the swizzles permute 16-byte units).
+    constexpr int kChunk = 16 / sizeof(Element);
+    constexpr int kChunksPerRow = kHeadDim / kChunk;
+    Element const* q_batch = params.q + batch * params.q_batch_stride;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int i = lane; i < kBlockM * kChunksPerRow; i += 32) {
+      int const row = i / kChunksPerRow, col = i % kChunksPerRow * kChunk;
+      int const tile_row = m_block * kBlockM + row;
+      uint4& dst = *reinterpret_cast<uint4*>(&sQ(row, col));
+      if (tile_row < params.rows.rows) {
+        typename Rows::Row const at = params.rows.locate(tile_row, head);
+        Element const* src = q_batch + at.query * params.q_row_stride + at.head * params.q_head_stride + col;
+        SM80_CP_ASYNC_CACHEGLOBAL<uint4>::copy(*reinterpret_cast<uint4 const*>(src), dst);
+      } else {
+        dst = make_uint4(0, 0, 0, 0);
+      }
+    }
+    cp_async_wait<0>();
+    // The rows were written through the generic proxy; the S GEMMs read them through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    q_full.arrive();
   }
 
   // Consumer warpgroup `consumer` (thread_idx in [0, 256) over both consumers): accumulates the
@@ -238,11 +296,12 @@ struct ForwardMainloop {
     Tensor coords = rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
 
     int const row_offset = m_block * kBlockM;
+    auto const query_of = [&](int row) { return params.rows.query(row_offset + row); };
     // The kept scores of key tile n_block: soft-capped (a uniform branch), then masked.
     auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
       if (params.softcap) apply_softcap(scores, params.softcap_prescale);
-      if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, row_offset, n_block * kBlockN);
+      if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, query_of, n_block * kBlockN);
       return scores;
     };
     auto needs_mask = [&](int n_block) {

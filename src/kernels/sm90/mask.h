@@ -1,6 +1,6 @@
-// Masks of the sm90 forward kernel as small policies. For a query tile a mask answers which key
-// tiles it visits and which of those need masking (KeyBlocks), and for a query row which keys it
-// sees (RowKeys). The mainloop walks key tiles downwards: first the tiles cut by the right edge of
+// Masks of the sm90 forward kernel as small policies. For a query tile (the queries first_query ..
+// last_query) a mask answers which key tiles it visits and which of those need masking (KeyBlocks),
+// and for a query which keys it sees (RowKeys). The mainloop walks key tiles downwards: first the tiles cut by the right edge of
 // the visible band (the causal diagonal, the end of the keys), then whole tiles, then the tiles cut
 // by its left edge (a sliding window).
 #pragma once
@@ -30,11 +30,11 @@ struct NoMask {
 
   int seqlen_q, seqlen_k;
 
-  template <int kBlockM, int kBlockN>
-  CUTLASS_DEVICE KeyBlocks key_blocks(int /*m_block*/) const {
+  template <int kBlockN>
+  CUTLASS_DEVICE KeyBlocks key_blocks(int /*first_query*/, int /*last_query*/) const {
     return {0, cute::ceil_div(seqlen_k, kBlockN), seqlen_k / kBlockN, 0};
   }
-  CUTLASS_DEVICE RowKeys row_keys(int /*row*/) const { return {0, seqlen_k}; }
+  CUTLASS_DEVICE RowKeys row_keys(int /*query*/) const { return {0, seqlen_k}; }
 };
 
 // A band around the diagonal, aligned to the bottom-right corner: query row i sees keys j with
@@ -52,41 +52,39 @@ struct LocalMask {
   // First and one-past-last key row `row` could see, before clipping to [0, seqlen_k).
   CUTLASS_DEVICE int band_begin(int row) const { return row + (seqlen_k - seqlen_q) - window_left; }
   CUTLASS_DEVICE int band_end(int row) const { return row + (seqlen_k - seqlen_q) + window_right + 1; }
-  static CUTLASS_DEVICE int clip(int key, int seqlen_k) { return key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key); }
+  CUTLASS_DEVICE int clip(int key) const { return key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key); }
 
-  // Rows past seqlen_q in the last query tile are computed but never stored, so the tile's rows
-  // count as m_block * kBlockM .. (m_block + 1) * kBlockM - 1 throughout.
-  template <int kBlockM, int kBlockN>
-  CUTLASS_DEVICE KeyBlocks key_blocks(int m_block) const {
-    int const top_row = m_block * kBlockM;
-    int const bottom_row = top_row + kBlockM - 1;
-    int const key_begin = clip(band_begin(top_row), seqlen_k);
-    int const key_end = clip(band_end(bottom_row), seqlen_k);
+  // Queries past seqlen_q in the last query tile are computed but never stored; they count too.
+  template <int kBlockN>
+  CUTLASS_DEVICE KeyBlocks key_blocks(int first_query, int last_query) const {
+    int const key_begin = clip(band_begin(first_query));
+    int const key_end = clip(band_end(last_query));
     if (key_end <= key_begin) return {0, 0, 0, 0};
     KeyBlocks blocks;
     blocks.begin = key_begin / kBlockN;
     blocks.end = cute::ceil_div(key_end, kBlockN);
-    // Tile n is whole on the right when even the top row sees its last key (clipping to seqlen_k
-    // also marks the partial last key tile).
-    blocks.right_masked_from = clip(band_end(top_row), seqlen_k) / kBlockN;
-    // Tile n is whole on the left when even the bottom row sees its first key.
-    blocks.left_masked_below = cute::ceil_div(clip(band_begin(bottom_row), seqlen_k), kBlockN);
+    // Tile n is whole on the right when even the first query sees its last key (clipping to
+    // seqlen_k also marks the partial last key tile).
+    blocks.right_masked_from = clip(band_end(first_query)) / kBlockN;
+    // Tile n is whole on the left when even the last query sees its first key.
+    blocks.left_masked_below = cute::ceil_div(clip(band_begin(last_query)), kBlockN);
     return blocks;
   }
   CUTLASS_DEVICE RowKeys row_keys(int row) const {
-    return {clip(band_begin(row), seqlen_k), clip(band_end(row), seqlen_k)};
+    return {clip(band_begin(row)), clip(band_end(row))};
   }
 };
 
 // Sets the scores of invisible keys to -inf. scores_rowcol: (rows, cols) view of the thread's S
-// fragment; coords_rowcol: the same view of an identity tensor giving (row, col) within the tile.
-template <class Mask, class Scores, class Coords>
+// fragment; coords_rowcol: the same view of an identity tensor giving (row, col) within the tile;
+// query_of(row): the query of the tile's row `row`.
+template <class Mask, class Scores, class Coords, class QueryOf>
 CUTLASS_DEVICE void apply_mask(Mask const& mask, Scores& scores_rowcol, Coords const& coords_rowcol,
-                               int row_offset, int col_offset) {
+                               QueryOf const& query_of, int col_offset) {
   CUTLASS_PRAGMA_UNROLL
   for (int m = 0; m < cute::size<0>(scores_rowcol); ++m) {
     // The row's visible keys, shifted into the tile's column coordinates.
-    RowKeys const keys = mask.row_keys(row_offset + cute::get<0>(coords_rowcol(m, 0)));
+    RowKeys const keys = mask.row_keys(query_of(cute::get<0>(coords_rowcol(m, 0))));
     int const begin = keys.begin - col_offset, end = keys.end - col_offset;
     CUTLASS_PRAGMA_UNROLL
     for (int n = 0; n < cute::size<1>(scores_rowcol); ++n) {
