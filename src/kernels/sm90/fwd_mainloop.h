@@ -296,7 +296,21 @@ struct ForwardMainloop {
     Tensor coords = rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
 
     int const row_offset = m_block * kBlockM;
-    auto const query_of = [&](int row) { return params.rows.query(row_offset + row); };
+    // The query of each of this thread's score rows: computed once per tile where packed rows take a
+    // division (held in registers across the key tiles), else on the spot.
+    constexpr int kThreadRows = decltype(size<0>(coords))::value;
+    cute::array<int, kThreadRows> packed_row_queries;
+    if constexpr (kPackGqa) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int m = 0; m < kThreadRows; ++m) packed_row_queries[m] = params.rows.query(row_offset + get<0>(coords(m, 0)));
+    }
+    auto const query_of = [&](int m) {
+      if constexpr (kPackGqa) {
+        return packed_row_queries[m];
+      } else {
+        return row_offset + get<0>(coords(m, 0));
+      }
+    };
     // The kept scores of key tile n_block: soft-capped (a uniform branch), then masked.
     auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)

@@ -77,14 +77,14 @@ struct LocalMask {
 
 // Sets the scores of invisible keys to -inf. scores_rowcol: (rows, cols) view of the thread's S
 // fragment; coords_rowcol: the same view of an identity tensor giving (row, col) within the tile;
-// query_of(row): the query of the tile's row `row`.
+// query_of(m): the query of the thread's row m (of the rowcol view).
 template <class Mask, class Scores, class Coords, class QueryOf>
 CUTLASS_DEVICE void apply_mask(Mask const& mask, Scores& scores_rowcol, Coords const& coords_rowcol,
                                QueryOf const& query_of, int col_offset) {
   CUTLASS_PRAGMA_UNROLL
   for (int m = 0; m < cute::size<0>(scores_rowcol); ++m) {
     // The row's visible keys, shifted into the tile's column coordinates.
-    RowKeys const keys = mask.row_keys(query_of(cute::get<0>(coords_rowcol(m, 0))));
+    RowKeys const keys = mask.row_keys(query_of(m));
     int const begin = keys.begin - col_offset, end = keys.end - col_offset;
     CUTLASS_PRAGMA_UNROLL
     for (int n = 0; n < cute::size<1>(scores_rowcol); ++n) {
