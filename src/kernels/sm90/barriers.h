@@ -23,10 +23,17 @@ static_assert(kThreadsPerWarpGroup * (kProducerRegisters + kConsumerWarpGroups *
 
 // Named barriers (ids above CUTLASS's reserved ones, offset by cutlass::arch::NamedBarrier).
 enum class ForwardBarrier : unsigned {
-  kEpilogue = 0,             // the consumers' epilogue steps around the shared O buffer and its TMA store
+  kEpilogueConsumer0 = 0,    // consumer 0's epilogue steps around its rows of the O buffer and their store
   kMmaScheduleConsumer0 = 1, // consumer 0 may issue its next GEMMs
   kMmaScheduleConsumer1 = 2, // consumer 1 may issue its next GEMMs
+  kEpilogueConsumer1 = 3,    // as kEpilogueConsumer0, for consumer 1
 };
+
+// Synchronises the 128 threads of consumer warpgroup `consumer` in its epilogue.
+CUTLASS_DEVICE void sync_epilogue(int consumer) {
+  ForwardBarrier const id = consumer == 0 ? ForwardBarrier::kEpilogueConsumer0 : ForwardBarrier::kEpilogueConsumer1;
+  cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, static_cast<unsigned>(id));
+}
 
 // Orders the two consumer warpgroups' GEMM issue (ping-pong): while one warpgroup runs its softmax,
 // the other's GEMMs hold the tensor cores. Consumer c waits on its own barrier before issuing and,

@@ -1,8 +1,11 @@
 // Epilogue of the sm90 forward kernel: the normalised O accumulator goes registers -> shared memory
-// (stmatrix) -> global memory (one TMA store, which also clips rows past seqlen_q; with packed GQA
-// rows, 16-byte stores by every consumer thread, each row to its own head); LSE is written per row
-// by the thread that owns it. O passes through a buffer of its own where shared memory has
-// room (Mainloop::kSeparateO), else through Q's buffer, which the mainloop no longer reads then.
+// (stmatrix) -> global memory (a TMA store, which also clips rows past seqlen_q; with packed GQA
+// rows, 16-byte stores by every thread, each row to its own head); LSE is written per row by the
+// thread that owns it. O passes through a buffer of its own where shared memory has room
+// (Mainloop::kSeparateO), else through Q's buffer, which the mainloop no longer reads then.
+// Each consumer warpgroup stores its own 64 rows and synchronises only with itself, so one
+// warpgroup's epilogue runs while the other still computes (the ping-pong offset survives the
+// tile boundary).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -29,9 +32,14 @@ struct ForwardEpilogue {
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;
   };
+  // One consumer warpgroup's rows: O's layout restricted to 64 rows. The two halves interleave
+  // (both lie in every 64-column block of swizzle atoms); a half is one 8 KB box per block.
+  using WarpGroupM = cute::Int<BlockM::value / kConsumerWarpGroups>;
+  using SmemLayoutOWarpGroup = decltype(cute::composition(
+      SmemLayoutO{}, cute::Layout<cute::Shape<WarpGroupM, HeadDimV>, cute::Stride<cute::_1, BlockM>>{}));
   using GmemTensor = typename Mainloop::GmemTensorV;
-  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{},
-                                            cute::Shape<BlockM, HeadDimV>{}, cute::_1{}));
+  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpGroup{},
+                                            cute::Shape<WarpGroupM, HeadDimV>{}, cute::_1{}));
 
   struct Params {
     TmaO tma_o;  // unpacked O
@@ -49,7 +57,7 @@ struct ForwardEpilogue {
     auto mO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.o)),
                           make_shape(p.seqlen_q, HeadDimV{}, p.nheads, p.batch),
                           make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
-    return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutO{}, Shape<BlockM, HeadDimV>{}, _1{}),
+    return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutOWarpGroup{}, Shape<WarpGroupM, HeadDimV>{}, _1{}),
             p.lse,
             p.lse_batch_stride,
             p.lse_head_stride,
@@ -66,8 +74,8 @@ struct ForwardEpilogue {
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the
   // tile head (query_rows.h). thread_idx in [0, 256) over both consumer warpgroups. In Q's buffer
-  // (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free` to load the next
-  // tile's Q there.
+  // (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`, one arrival per
+  // warpgroup, to load the next tile's Q there.
   template <class OAccum, class RowValues>
   static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
                                    RowValues const& lse, int thread_idx, int m_block, int head, int batch,
@@ -89,11 +97,13 @@ struct ForwardEpilogue {
       }
     }
 
+    int const consumer = thread_idx / kThreadsPerWarpGroup;
+    bool const leader = thread_idx % kThreadsPerWarpGroup == 0;  // issues and waits for the warpgroup's TMA store
     Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});  // (kBlockM, dv)
     if constexpr (kOwnBuffer) {
-      // The previous tile's TMA store (or, packed, its threads' reads) may still be reading the buffer.
-      if (!kPackGqa && thread_idx == 0) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+      // This warpgroup's previous TMA store (or, packed, its threads' reads) may still be reading its rows.
+      if (!kPackGqa && leader) tma_store_wait<0>();
+      sync_epilogue(consumer);
     }
     Tensor o_regs = make_tensor<Element>(o_accum.layout());
     convert_fragment_into(o_accum, o_regs);
@@ -108,40 +118,44 @@ struct ForwardEpilogue {
     }
     // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+    sync_epilogue(consumer);
 
-    if (thread_idx == 0) {
+    if (leader) {
       Tensor mO = params.tma_o.get_tma_tensor(make_shape(params.seqlen_q, HeadDimV{}, params.nheads, params.batch));
-      Tensor gO = local_tile(mO(_, _, head, batch), Shape<BlockM, HeadDimV>{}, make_coord(m_block, _0{}));
+      Tensor gO = local_tile(mO(_, _, head, batch), Shape<WarpGroupM, HeadDimV>{},
+                             make_coord(m_block * kConsumerWarpGroups + consumer, _0{}));  // (64, dv)
+      Tensor sO_rows = local_tile(sO, Shape<WarpGroupM, HeadDimV>{}, make_coord(consumer, _0{}));  // (64, dv)
       auto tma_o = params.tma_o.get_slice(_0{});
-      copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      copy(params.tma_o, tma_o.partition_S(sO_rows), tma_o.partition_D(gO));
       tma_store_arrive();
       if constexpr (!kOwnBuffer) {
-        tma_store_wait<0>();  // the TMA has read all of O from shared memory
+        tma_store_wait<0>();  // the TMA has read this warpgroup's rows of O from shared memory
         if (release_q) q_free.arrive();
       }
     }
     if constexpr (!kOwnBuffer) {
-      // No consumer may write the next tile's O into the buffer before the TMA has read this one.
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+      // No thread may write the next tile's O into these rows before the TMA has read this one.
+      sync_epilogue(consumer);
     }
   }
 
-  // Packed rows, from sO (kBlockM, dv) once every consumer has written its part: 16-byte copies,
-  // consecutive threads along a row, each row to its own query head; rows past the last query are
-  // left out.
+  // Packed rows: this warpgroup's 64 rows of sO (kBlockM, dv) once all its threads have written
+  // them, by 16-byte copies, consecutive threads along a row, each row to its own query head; rows
+  // past the last query are left out.
   template <class SmemTensorO>
   static CUTLASS_DEVICE void store_packed(Params const& params, SmemTensorO const& sO, int thread_idx, int m_block,
                                           int head, int batch, cutlass::arch::ClusterBarrier& q_free,
                                           bool release_q) {
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
+    int const consumer = thread_idx / kThreadsPerWarpGroup;
+    sync_epilogue(consumer);
     // 16 bytes are contiguous in every swizzled layout here (the swizzles permute 16-byte units).
     constexpr int kChunk = 16 / sizeof(Element);
     constexpr int kChunksPerRow = HeadDimV::value / kChunk;
+    int const first_row = consumer * WarpGroupM::value;
     Element* o_batch = params.o + batch * params.o_batch_stride;
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int i = thread_idx; i < BlockM::value * kChunksPerRow; i += kConsumerThreads) {
-      int const row = i / kChunksPerRow, col = i % kChunksPerRow * kChunk;
+    for (int i = thread_idx % kThreadsPerWarpGroup; i < WarpGroupM::value * kChunksPerRow; i += kThreadsPerWarpGroup) {
+      int const row = first_row + i / kChunksPerRow, col = i % kChunksPerRow * kChunk;
       int const tile_row = m_block * BlockM::value + row;
       if (tile_row >= params.rows.rows) break;  // rows only grow with i
       typename Rows::Row const at = params.rows.locate(tile_row, head);
@@ -149,15 +163,16 @@ struct ForwardEpilogue {
           *reinterpret_cast<uint4 const*>(&sO(row, col));
     }
     if constexpr (!kOwnBuffer) {
-      // Every thread has read its part of O before the producer may load the next Q over it.
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, static_cast<unsigned>(ForwardBarrier::kEpilogue));
-      if (release_q && thread_idx == 0) q_free.arrive();
+      // Every thread of this warpgroup has read its rows of O before the producer may load the next
+      // Q over them.
+      sync_epilogue(consumer);
+      if (release_q && thread_idx % kThreadsPerWarpGroup == 0) q_free.arrive();
     }
   }
 
   // After the last tile: the CTA's shared memory must outlive the TMA's reads of it.
   static CUTLASS_DEVICE void finish(int thread_idx) {
-    if (thread_idx == 0) cute::tma_store_wait<0>();
+    if (thread_idx % kThreadsPerWarpGroup == 0) cute::tma_store_wait<0>();
   }
 };
 

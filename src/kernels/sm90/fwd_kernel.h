@@ -86,12 +86,11 @@ struct ForwardKernel {
       return next < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, next)).empty();
     };
 
-    // q_free is arrived by the thread that stored O from Q's buffer, or, with a buffer of its own
-    // for O, by one thread of each consumer warpgroup once it no longer reads Q.
-    constexpr int kQFreeArrivals = Epilogue::kOwnBuffer ? kConsumerWarpGroups : 1;
+    // q_free is arrived by one thread of each consumer warpgroup: once its rows of O have been
+    // stored from Q's buffer, or, with a buffer of its own for O, once it no longer reads Q.
     if (threadIdx.x == 0) {
       shared.q_full.init(Mainloop::kQFullArrivals);
-      shared.q_free.init(kQFreeArrivals);
+      shared.q_free.init(kConsumerWarpGroups);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
       typename Pipeline::Params ring;
