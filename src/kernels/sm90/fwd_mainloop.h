@@ -368,9 +368,9 @@ struct ForwardMainloop {
     };
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
     // tiles, then the tiles cut by its left edge. Without a band, a loop per kind (H200, d = 128,
-    // 16k: 606 TFLOP/s with the branch below, 632 to 641 without). With one, a single loop with a
-    // uniform branch: a loop per kind inlines the masked step twice, which made ptxas spill at
-    // d >= 192.
+    // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without). With one, a single loop
+    // with a uniform branch: a loop per kind inlines the masked step twice, which made ptxas spill
+    // at d >= 192.
     if constexpr (Mask::kIsLocal) {
       for (--n_block; n_block >= blocks.begin; --n_block) {
         if (needs_mask(n_block)) {
