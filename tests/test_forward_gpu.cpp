@@ -449,7 +449,8 @@ TEST_P(ForwardGpuPackGqaLayout, WithoutLse) {
 INSTANTIATE_TEST_SUITE_P(PackGqaLayouts, ForwardGpuPackGqaPackedLayout,
                          ::testing::ValuesIn(layout_cases(/*packable_only=*/true)),
                          [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
-INSTANTIATE_TEST_SUITE_P(PackGqaLayouts, ForwardGpuPackGqaLayout, ::testing::ValuesIn(layout_cases(/*packable_only=*/false)),
+INSTANTIATE_TEST_SUITE_P(PackGqaLayouts, ForwardGpuPackGqaLayout,
+                         ::testing::ValuesIn(layout_cases(/*packable_only=*/false)),
                          [](const ::testing::TestParamInfo<LayoutCase>& info) { return name(info.param); });
 
 // ---- determinism: repeated calls give bitwise identical outputs -----------------------------------

@@ -174,7 +174,8 @@ struct ForwardMainloop {
   // their queries count too.
   static CUTLASS_DEVICE KeyBlocks key_blocks(Params const& params, Mask const& mask, int m_block) {
     int const first_row = m_block * kBlockM;
-    return mask.template key_blocks<kBlockN>(params.rows.query(first_row), params.rows.query(first_row + kBlockM - 1));
+    return mask.template key_blocks<kBlockN>(params.rows.query(first_row),
+                                             params.rows.query(first_row + kBlockM - 1));
   }
 
   // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
@@ -302,7 +303,9 @@ struct ForwardMainloop {
     cute::array<int, kThreadRows> packed_row_queries;
     if constexpr (kPackGqa) {
       CUTLASS_PRAGMA_UNROLL
-      for (int m = 0; m < kThreadRows; ++m) packed_row_queries[m] = params.rows.query(row_offset + get<0>(coords(m, 0)));
+      for (int m = 0; m < kThreadRows; ++m) {
+        packed_row_queries[m] = params.rows.query(row_offset + get<0>(coords(m, 0)));
+      }
     }
     auto const query_of = [&](int m) {
       if constexpr (kPackGqa) {

@@ -1,8 +1,8 @@
 // Masks of the sm90 forward kernel as small policies. For a query tile (the queries first_query ..
 // last_query) a mask answers which key tiles it visits and which of those need masking (KeyBlocks),
-// and for a query which keys it sees (RowKeys). The mainloop walks key tiles downwards: first the tiles cut by the right edge of
-// the visible band (the causal diagonal, the end of the keys), then whole tiles, then the tiles cut
-// by its left edge (a sliding window).
+// and for a query which keys it sees (RowKeys). The mainloop walks key tiles downwards: first the
+// tiles cut by the right edge of the visible band (the causal diagonal, the end of the keys), then
+// whole tiles, then the tiles cut by its left edge (a sliding window).
 #pragma once
 
 #include <cute/tensor.hpp>
