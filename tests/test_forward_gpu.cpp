@@ -275,23 +275,10 @@ struct GridCase {
   Problem problem;
 };
 
-std::vector<GridCase> grid() {
-  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
-  // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
-  // The last two shapes have more query tiles (288, 256) than an H200 has SMs, so each persistent
-  // CTA walks several; with causal masking runs of them are fully masked (seqlen_q > seqlen_k), and
-  // the 8 query tiles per head of the last one run the persistent causal schedule at every head dim.
-  const Problem shapes[] = {
-      {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
-      {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
-      {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
-      {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},
-  };
-  // bf16 runs every variant; fp16 (the same kernels with another element type) the plain masks
-  // and one combination.
-  const std::vector<NamedMasking> bf16_variants = {kFull,         kCausal,         kWindow,        kCausalWindow,
-                                                   kRightWindow,  kSoftcapCausal,  kSoftcapWindow};
-  const std::vector<NamedMasking> fp16_variants = {kFull, kCausal, kSoftcapWindow};
+// Every (dtype, head dims, masking, shape): bf16 with each of `bf16_variants`, fp16 with each of
+// `fp16_variants`.
+std::vector<GridCase> grid_cases(const std::vector<Problem>& shapes, const std::vector<NamedMasking>& bf16_variants,
+                                 const std::vector<NamedMasking>& fp16_variants) {
   std::vector<GridCase> cases;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (const HeadDims& dims : kHeadDims) {
@@ -305,6 +292,25 @@ std::vector<GridCase> grid() {
     }
   }
   return cases;
+}
+
+std::vector<GridCase> grid() {
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
+  // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
+  // The last two shapes have more query tiles (288, 256) than an H200 has SMs, so each persistent
+  // CTA walks several; with causal masking runs of them are fully masked (seqlen_q > seqlen_k), and
+  // the 8 query tiles per head of the last one run the persistent causal schedule at every head dim.
+  const std::vector<Problem> shapes = {
+      {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
+      {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
+      {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
+      {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},
+  };
+  // bf16 runs every variant; fp16 (the same kernels with another element type) the plain masks
+  // and one combination.
+  return grid_cases(shapes,
+                    {kFull, kCausal, kWindow, kCausalWindow, kRightWindow, kSoftcapCausal, kSoftcapWindow},
+                    {kFull, kCausal, kSoftcapWindow});
 }
 
 std::string name(const GridCase& c) {
@@ -327,53 +333,29 @@ INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
 
 // ---- packed GQA rows: the query heads of a KV group share the query tiles ----------------------
 
-struct PackGqaCase {
-  DType dtype;
-  NamedMasking masking;
-  Problem problem;
-};
-
-std::vector<PackGqaCase> pack_gqa_cases() {
+std::vector<GridCase> pack_gqa_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): decoding (one query, MQA and GQA), a few queries
   // per group, group sizes 3 and 12 that do not divide the 128-row tile (packed rows of one query
   // straddle tiles), one head per group (g = 1), no keys, and a grid of 4 x 2 x 19 = 152 packed tiles,
   // more than an H200's 132 SMs, so that persistent CTAs walk several and hand Q's buffer over.
-  const Problem shapes[] = {
+  const std::vector<Problem> shapes = {
       {2, 1, 1000, 8, 1}, {2, 5, 333, 12, 3}, {1, 113, 257, 6, 2}, {3, 40, 700, 24, 2},
       {1, 64, 64, 4, 4},  {1, 3, 0, 4, 2},    {4, 300, 500, 16, 2},
   };
-  std::vector<PackGqaCase> cases;
-  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (const HeadDims& dims : kHeadDims) {
-      const std::vector<NamedMasking> variants =
-          dtype == DType::kBFloat16 ? std::vector<NamedMasking>{kFull, kCausal, kWindow, kCausalWindow, kSoftcapWindow}
-                                    : std::vector<NamedMasking>{kCausal};
-      for (const NamedMasking& masking : variants) {
-        for (Problem problem : shapes) {
-          problem.head_dim = dims.d;
-          problem.head_dim_v = dims.dv;
-          cases.push_back({dtype, masking, problem});
-        }
-      }
-    }
-  }
-  return cases;
+  return grid_cases(shapes, {kFull, kCausal, kWindow, kCausalWindow, kSoftcapWindow}, {kCausal});
 }
 
-std::string name(const PackGqaCase& c) { return name(GridCase{c.dtype, c.masking, c.problem}); }
-void PrintTo(const PackGqaCase& c, std::ostream* out) { *out << name(c); }
-
-using ForwardGpuPackGqa = GpuTestWithParam<PackGqaCase>;
+using ForwardGpuPackGqa = GpuTestWithParam<GridCase>;
 
 TEST_P(ForwardGpuPackGqa, MatchesReference) {
-  const PackGqaCase& c = GetParam();
+  const GridCase& c = GetParam();
   Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
   call.pack_gqa = flashhop::PackGqa::kOn;
   run_and_check(call);
 }
 
 INSTANTIATE_TEST_SUITE_P(PackGqa, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_cases()),
-                         [](const ::testing::TestParamInfo<PackGqaCase>& info) { return name(info.param); });
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
 // ---- layouts: strided operands, LSE absent -----------------------------------------------------
 

@@ -19,10 +19,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -67,8 +69,15 @@ struct Result {
 
 const char* short_dtype(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 
+// The --pack-gqa values and their modes.
+constexpr std::pair<const char*, PackGqa> kPackGqaNames[] = {
+    {"auto", PackGqa::kAuto}, {"on", PackGqa::kOn}, {"off", PackGqa::kOff}};
+
 const char* pack_gqa_name(PackGqa mode) {
-  return mode == PackGqa::kOn ? "on" : mode == PackGqa::kOff ? "off" : "auto";
+  for (const auto& [name, value] : kPackGqaNames) {
+    if (value == mode) return name;
+  }
+  return "?";
 }
 
 void print_usage(std::FILE* out) {
@@ -261,16 +270,13 @@ std::optional<Options> parse_options(int argc, char** argv) {
     } else if (flag == "--pack-gqa") {
       const auto text = next_value();
       if (!text) return std::nullopt;
-      if (*text == "auto") {
-        config.pack_gqa = PackGqa::kAuto;
-      } else if (*text == "on") {
-        config.pack_gqa = PackGqa::kOn;
-      } else if (*text == "off") {
-        config.pack_gqa = PackGqa::kOff;
-      } else {
+      const auto known = std::find_if(std::begin(kPackGqaNames), std::end(kPackGqaNames),
+                                      [&](const auto& entry) { return *text == entry.first; });
+      if (known == std::end(kPackGqaNames)) {
         std::fprintf(stderr, "flashhop-bench: --pack-gqa expects auto, on or off, got '%s'\n", text->c_str());
         return std::nullopt;
       }
+      config.pack_gqa = known->second;
     } else if (flag == "--sweep") {
       const auto text = next_value();
       if (!text) return std::nullopt;
