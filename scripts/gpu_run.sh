@@ -90,6 +90,9 @@ stage_build() {
     note "no CUTLASS headers at $cutlass: CMake looks for nvidia-cutlass itself, which needs pip access" \
          "(offline: run scripts/fetch_cutlass.sh where pip works and bring .deps/cutlass)"
   fi
+  # GoogleTest staged by scripts/stage_gtest.sh (the GPU machine has none of its own).
+  local gtest=$root/.deps/gtest/lib/x86_64-linux-gnu/cmake/GTest
+  [[ -f $gtest/GTestConfig.cmake ]] && args+=(-DGTest_DIR="$gtest")
   [[ -n ${FLASHHOP_DTYPES:-} ]] && args+=(-DFLASHHOP_DTYPES="$FLASHHOP_DTYPES")
   [[ -n ${FLASHHOP_HEAD_DIMS:-} ]] && args+=(-DFLASHHOP_HEAD_DIMS="$FLASHHOP_HEAD_DIMS")
   # The tests need GoogleTest, which the GPU machine may lack: then build without them and say so.

@@ -51,6 +51,12 @@ struct ForwardMainloop {
       cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       ConsumerAtomLayout{}));
+  // One wgmma spans the whole N of each GEMM: a narrower atom re-reads the A operand once per
+  // N slice (from shared memory for Q K^T), which starves the tensor cores.
+  static_assert(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN,
+                "Q K^T needs one wgmma of N = kBlockN (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED?)");
+  static_assert(cute::size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDimV,
+                "P V needs one wgmma of N = dv (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED?)");
 
   // Shared-memory tiles in the wgmma K-major swizzled layouts, d contiguous as in global memory.
   using SmemLayoutQ = decltype(cute::tile_to_shape(
