@@ -29,7 +29,7 @@
 #   PEERS_ARGS          flags for peers_sdpa.py (default "--warmup 100 --iters 500")
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
-# sanitize.log, sass_summary.txt.
+# sanitize.log, sass_summary.txt; and all of them again in all_logs.tar.gz.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -245,4 +245,6 @@ if [[ -f $OUT/peers.log ]]; then
 elif [[ -f $OUT/bench.log ]]; then
   sed -n '/^| d (x dv) | mask/,$p' "$OUT/bench.log"
 fi
+# Everything once more in one archive, for a transport that returns only a few files of $OUT.
+tar czf "$OUT/all_logs.tar.gz" -C "$OUT" --exclude=all_logs.tar.gz . 2>/dev/null
 exit $failed
