@@ -6,7 +6,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 libdir=/usr/lib/x86_64-linux-gnu
 dest=$root/.deps/gtest
-[[ -f $libdir/cmake/GTest/GTestConfig.cmake ]] || { echo "no GoogleTest under $libdir (apt-get install libgtest-dev)"; exit 1; }
+if [[ ! -f $libdir/cmake/GTest/GTestConfig.cmake ]]; then
+  echo "no GoogleTest under $libdir (apt-get install libgtest-dev)"
+  exit 1
+fi
 rm -rf "$dest"
 mkdir -p "$dest/include" "$dest/lib/x86_64-linux-gnu/cmake"
 cp -r /usr/include/gtest /usr/include/gmock "$dest/include/"
