@@ -66,7 +66,4 @@ file(STRINGS "${_cutlass_include}/cutlass/version.h" _ver REGEX "#define CUTLASS
 message(STATUS "CUTLASS headers: ${_cutlass_include} (${_ver})")
 add_library(flashhop_cutlass INTERFACE)
 target_include_directories(flashhop_cutlass SYSTEM INTERFACE "${_cutlass_include}")
-# Without this CuTe's wgmma selectors offer only N in {8, 16, 24, 32, 64, 96, 128, 192, 256}: a tile
-# N of 80, 112 or 176 would fall back to 16-wide instructions, each re-reading the A operand.
-target_compile_definitions(flashhop_cutlass INTERFACE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 add_library(flashhop::cutlass ALIAS flashhop_cutlass)

@@ -44,8 +44,8 @@ struct ForwardMainloop {
   // The consumer warpgroups split M: warpgroup c computes rows [64 c, 64 c + 64) of the tile.
   using ConsumerAtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
 
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), ConsumerAtomLayout{}));
+  using TiledMmaQK =
+      decltype(cute::make_tiled_mma(full_width_ss_op<Element, TileShapeQK>(), ConsumerAtomLayout{}));
   // P comes from registers (the converted S accumulator); V^T is read with d contiguous (MN-major).
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K,
@@ -53,10 +53,8 @@ struct ForwardMainloop {
       ConsumerAtomLayout{}));
   // One wgmma spans the whole N of each GEMM: a narrower atom re-reads the A operand once per
   // N slice (from shared memory for Q K^T), which starves the tensor cores.
-  static_assert(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN,
-                "Q K^T needs one wgmma of N = kBlockN (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED?)");
-  static_assert(cute::size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDimV,
-                "P V needs one wgmma of N = dv (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED?)");
+  static_assert(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T needs one wgmma of N = kBlockN");
+  static_assert(cute::size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDimV, "P V needs one wgmma of N = dv");
 
   // Shared-memory tiles in the wgmma K-major swizzled layouts, d contiguous as in global memory.
   using SmemLayoutQ = decltype(cute::tile_to_shape(

@@ -1,10 +1,35 @@
 // CuTe plumbing for warpgroup GEMMs (wgmma) and views of their register fragments.
 #pragma once
 
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
 namespace flashhop::sm90 {
+
+// The SS wgmma (both operands in shared memory, K-major) of N = kN that CuTe declares only in its
+// extended-shapes headers (N = 80, 112, ...). Those headers hold every extended shape of every type
+// and double a kernel file's compile time, so the specializations live in wgmma_extended.h, which
+// only the kernel files that need one include (tools/generate_instantiations.py).
+template <class Element, int kN>
+struct ExtendedSsOp {
+  static_assert(kN < 0, "this key tile width needs kernels/sm90/wgmma_extended.h in the kernel's instantiation file");
+};
+
+// The SS wgmma for a (M, N, K) tile as one instruction of the tile's full N: CuTe's selector where
+// it offers that width, else ExtendedSsOp. (A narrower instruction would re-read the A operand from
+// shared memory once per N slice.)
+template <class Element, class TileShapeMNK>
+constexpr auto full_width_ss_op() {
+  using Selected = decltype(cute::GMMA::ss_op_selector<Element, Element, float, TileShapeMNK>());
+  constexpr int kN = cute::size<1>(TileShapeMNK{});
+  if constexpr (cute::size<1>(typename cute::MMA_Traits<Selected>::Shape_MNK{}) == kN) {
+    return Selected{};
+  } else {
+    return typename ExtendedSsOp<Element, kN>::type{};
+  }
+}
 
 // C (+)= A B for one warpgroup, issued asynchronously. A comes from shared memory (descriptors) or
 // registers; B from shared memory. kWait >= 0 waits until at most kWait wgmma batches are in flight.
