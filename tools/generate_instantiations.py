@@ -6,7 +6,9 @@ and FLASHHOP_HEAD_DIMS ("192x128" is d = 192, dv = 128). Every (dtype, head dims
 is valid, packed GQA rows or not; a combination that a future feature makes invalid is dropped here, not by static_asserts
 in the kernel.
 """
+import argparse
 import pathlib
+import sys
 
 DTYPES = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
 HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]  # (d, dv)
@@ -29,21 +31,47 @@ template Status launch_forward<{element}, {head_dim}, {head_dim_v}, {mask}, {pac
 """
 
 
-def main():
-    out_dir = pathlib.Path(__file__).resolve().parent.parent / "src" / "kernels" / "sm90" / "instantiations"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("fwd_*.cu"):
-        stale.unlink()
+def expected_files(out_dir):
+    """The instantiation files as this script writes them: {path: text}."""
+    files = {}
     for dtype, element in DTYPES.items():
         for head_dim, head_dim_v in HEAD_DIMS:
             dims = f"{head_dim}" if head_dim_v == head_dim else f"{head_dim}x{head_dim_v}"
+            extended = head_dim in EXTENDED_WGMMA_HEAD_DIMS
+            extra_include = '\n#include "kernels/sm90/wgmma_extended.h"' if extended else ""
             for mask_name, mask in MASKS.items():
                 for packing_name, pack in PACKINGS.items():
                     path = out_dir / f"fwd_{dtype}_hdim{dims}_{mask_name}{packing_name}.cu"
-                    extended = head_dim in EXTENDED_WGMMA_HEAD_DIMS
-                    extra_include = '\n#include "kernels/sm90/wgmma_extended.h"' if extended else ""
-                    path.write_text(TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
-                                                    mask=mask, pack=pack, extra_include=extra_include))
+                    files[path] = TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
+                                                  mask=mask, pack=pack, extra_include=extra_include)
+    return files
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if the files on disk differ from what this script writes")
+    args = parser.parse_args()
+    out_dir = pathlib.Path(__file__).resolve().parent.parent / "src" / "kernels" / "sm90" / "instantiations"
+    files = expected_files(out_dir)
+    on_disk = set(out_dir.glob("fwd_*.cu"))
+    if args.check:
+        stale = sorted(str(p.name) for p in on_disk - files.keys())
+        differing = sorted(str(p.name) for p, text in files.items() if not p.is_file() or p.read_text() != text)
+        for name in stale:
+            print(f"not written by this script: {name}")
+        for name in differing:
+            print(f"missing or out of date: {name}")
+        if stale or differing:
+            print("run tools/generate_instantiations.py")
+            sys.exit(1)
+        print(f"{len(files)} instantiation files up to date")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in on_disk:
+        stale.unlink()
+    for path, text in files.items():
+        path.write_text(text)
 
 
 if __name__ == "__main__":
