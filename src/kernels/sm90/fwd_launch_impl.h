@@ -15,12 +15,13 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 
-  int num_sms = 0;
+  int num_sms = 0, l2_bytes = 0;
   cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, p.device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, p.device);
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(err)};
   }
-  typename Kernel::Params const params = Kernel::to_params(p);
+  typename Kernel::Params const params = Kernel::to_params(p, l2_bytes);
   auto const kernel = forward_kernel<Kernel>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {

@@ -45,19 +45,28 @@ struct StaticPersistentScheduler {
 // TFLOP/s against 637 with one CTA per tile). Two modes, chosen per call:
 //  - one CTA per tile, longest first within each head: the hardware hands CTAs to SMs as they free
 //    up, which balances the tiles, and the CTAs resident together share one head's K/V in L2;
-//  - persistent, for short sequences where per-CTA start-up and epilogue dominate: all tiles ranked
-//    by cost (query tile from the last, then head and batch), dealt to the CTAs round by round in a
-//    snake order (CTA c takes rank c in even rounds and rank G - 1 - c in odd ones), so that a CTA
-//    that took a long tile in one round takes a short one in the next.
+//  - persistent, for short sequences where per-CTA start-up and epilogue dominate: the (head, batch)
+//    pairs are cut into groups whose K/V together fill at most half the L2; group by group, the
+//    group's tiles are ranked by cost (query tile from the last, then head and batch) and dealt to
+//    the CTAs round by round in a snake order (CTA c takes rank c in even rounds and rank G - 1 - c
+//    in odd ones), so that a CTA that took a long tile in one round takes a short one in the next.
+//    Ranking all heads at once instead read each head's K/V once per query tile from memory (L2 had
+//    long evicted it): at seqlen 512, d = 128, 2.5 times the K/V bytes the tiles need.
 struct CausalScheduler {
   struct Params {
     int num_m_blocks, nheads;
     int64_t num_tiles;
     bool persistent;
+    int group_heads;  // persistent: (head, batch) pairs per group; the last group may hold fewer
   };
 
-  static Params to_params(int num_m_blocks, int nheads, int batch, bool persistent) {
-    return {num_m_blocks, nheads, int64_t(num_m_blocks) * nheads * batch, persistent};
+  // kv_bytes_per_head: the K and V bytes one tile head reads (its share, where heads share K/V).
+  static Params to_params(int num_m_blocks, int nheads, int batch, bool persistent, int64_t kv_bytes_per_head,
+                          int64_t l2_bytes) {
+    int64_t const heads_batch = int64_t(nheads) * batch;
+    int64_t const fit = kv_bytes_per_head > 0 ? l2_bytes / 2 / kv_bytes_per_head : heads_batch;
+    int const group_heads = static_cast<int>(fit < 1 ? 1 : fit > heads_batch ? heads_batch : fit);
+    return {num_m_blocks, nheads, heads_batch * num_m_blocks, persistent, group_heads};
   }
   static dim3 grid(Params const& params, int num_sms) {
     int64_t const ctas = params.persistent && params.num_tiles > num_sms ? num_sms : params.num_tiles;
@@ -69,22 +78,32 @@ struct CausalScheduler {
   }
 
   static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
+    return tile_of(params, index, gridDim.x);
+  }
+
+  // The tile of launch index `index` (block index, or a persistent CTA's walk) among `ctas` CTAs.
+  static CUTLASS_HOST_DEVICE ForwardTile tile_of(Params const& params, int64_t index, int64_t ctas) {
     if (!params.persistent) {
       int const m = static_cast<int>(index % params.num_m_blocks);
       int64_t const head_batch = index / params.num_m_blocks;
       return {params.num_m_blocks - 1 - m, static_cast<int>(head_batch % params.nheads),
               static_cast<int>(head_batch / params.nheads)};
     }
-    int64_t const ctas = gridDim.x;
     int64_t const round = index / ctas;
     int64_t position = index % ctas;
     bool const full_round = (round + 1) * ctas <= params.num_tiles;  // a partial last round keeps its order
     if (full_round && round % 2 == 1) position = ctas - 1 - position;
     int64_t const rank = round * ctas + position;
+    int64_t const group_tiles = int64_t(params.group_heads) * params.num_m_blocks;
+    int64_t const group = rank / group_tiles;
+    int64_t const in_group = rank % group_tiles;
+    int64_t const first_head_batch = group * params.group_heads;
     int64_t const heads_batch = params.num_tiles / params.num_m_blocks;
-    int64_t const head_batch = rank % heads_batch;
-    return {params.num_m_blocks - 1 - static_cast<int>(rank / heads_batch), static_cast<int>(head_batch % params.nheads),
-            static_cast<int>(head_batch / params.nheads)};
+    int64_t const remaining = heads_batch - first_head_batch;
+    int64_t const group_size = remaining < params.group_heads ? remaining : params.group_heads;
+    int64_t const head_batch = first_head_batch + in_group % group_size;
+    return {params.num_m_blocks - 1 - static_cast<int>(in_group / group_size),
+            static_cast<int>(head_batch % params.nheads), static_cast<int>(head_batch / params.nheads)};
   }
 };
 

@@ -1,0 +1,110 @@
+// Host tests of the causal tile scheduler's order: every (query tile, head, batch) exactly once,
+// whatever the CTA count; one CTA per tile runs head by head, longest first; persistent CTAs take a head group's tiles before the next group's,
+// longest (last query tile) first within a group; groups are sized to half the L2.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <tuple>
+
+#include "kernels/sm90/tile_scheduler.h"
+
+namespace {
+
+using flashhop::sm90::CausalScheduler;
+using flashhop::sm90::ForwardTile;
+
+struct ScheduleCase {
+  int num_m_blocks, nheads, batch;
+  bool persistent;
+  int64_t kv_bytes_per_head, l2_bytes;
+  int num_sms;
+};
+
+class CausalSchedule : public ::testing::TestWithParam<ScheduleCase> {};
+
+std::tuple<int, int, int> key(ForwardTile const& t) { return {t.m_block, t.head, t.batch}; }
+
+// The CTAs of a launch, as CausalScheduler::grid makes them for `num_sms` SMs.
+int64_t ctas_of(CausalScheduler::Params const& params, int num_sms) {
+  return CausalScheduler::grid(params, num_sms).x;
+}
+
+// The persistent tile of rank `rank`: the snake order's launch index of that rank.
+ForwardTile tile_of_rank(CausalScheduler::Params const& params, int64_t rank, int64_t ctas) {
+  int64_t const round = rank / ctas;
+  int64_t position = rank % ctas;
+  if ((round + 1) * ctas <= params.num_tiles && round % 2 == 1) position = ctas - 1 - position;
+  return CausalScheduler::tile_of(params, round * ctas + position, ctas);
+}
+
+TEST_P(CausalSchedule, VisitsEveryTileOnce) {
+  ScheduleCase const c = GetParam();
+  CausalScheduler::Params const params =
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.l2_bytes);
+  ASSERT_EQ(params.num_tiles, int64_t(c.num_m_blocks) * c.nheads * c.batch);
+  int64_t const ctas = ctas_of(params, c.num_sms);
+  std::set<std::tuple<int, int, int>> seen;
+  for (int64_t index = 0; index < params.num_tiles; ++index) {
+    ForwardTile const t = CausalScheduler::tile_of(params, index, ctas);
+    ASSERT_GE(t.m_block, 0);
+    ASSERT_LT(t.m_block, c.num_m_blocks);
+    ASSERT_GE(t.head, 0);
+    ASSERT_LT(t.head, c.nheads);
+    ASSERT_GE(t.batch, 0);
+    ASSERT_LT(t.batch, c.batch);
+    EXPECT_TRUE(seen.insert(key(t)).second) << "tile (" << t.m_block << ", " << t.head << ", " << t.batch
+                                            << ") twice, index " << index;
+  }
+  EXPECT_EQ(int64_t(seen.size()), params.num_tiles);
+}
+
+// One CTA per tile: block indices run over one head's query tiles, the last first, then the next head.
+TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
+  ScheduleCase const c = GetParam();
+  CausalScheduler::Params params =
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.l2_bytes);
+  params.persistent = false;
+  for (int64_t index = 0; index < params.num_tiles; ++index) {
+    ForwardTile const t = CausalScheduler::tile_of(params, index, params.num_tiles);
+    EXPECT_EQ(t.m_block, c.num_m_blocks - 1 - index % c.num_m_blocks) << "index " << index;
+    EXPECT_EQ(int64_t(t.batch) * c.nheads + t.head, index / c.num_m_blocks) << "index " << index;
+  }
+}
+
+TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
+  ScheduleCase const c = GetParam();
+  CausalScheduler::Params params =
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.l2_bytes);
+  params.persistent = true;
+  int64_t const heads_batch = int64_t(c.nheads) * c.batch;
+  ASSERT_GE(params.group_heads, 1);
+  ASSERT_LE(params.group_heads, heads_batch);
+  if (params.group_heads > 1) EXPECT_LE(params.group_heads * c.kv_bytes_per_head, c.l2_bytes / 2);
+  if (params.group_heads < heads_batch) EXPECT_GT((params.group_heads + 1) * c.kv_bytes_per_head, c.l2_bytes / 2);
+  // Rank by rank, the tiles cover whole groups in order, and within a group the query tiles never
+  // grow.
+  int64_t const ctas = ctas_of(params, c.num_sms);
+  int64_t const group_tiles = int64_t(params.group_heads) * c.num_m_blocks;
+  for (int64_t rank = 0; rank < params.num_tiles; ++rank) {
+    ForwardTile const t = tile_of_rank(params, rank, ctas);
+    int64_t const head_batch = int64_t(t.batch) * c.nheads + t.head;
+    EXPECT_EQ(head_batch / params.group_heads, rank / group_tiles) << "rank " << rank;
+    if (rank % group_tiles != 0) EXPECT_LE(t.m_block, tile_of_rank(params, rank - 1, ctas).m_block) << "rank " << rank;
+  }
+}
+
+constexpr int64_t kL2 = 60 << 20;  // H200
+constexpr int64_t kKvD128Seq512 = 512 * 256 * 2;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CausalSchedule,
+    ::testing::Values(ScheduleCase{4, 16, 32, true, kKvD128Seq512, kL2, 132},   // d 128, 512: 96-head groups
+                      ScheduleCase{8, 32, 16, true, 1024 * 256, kL2, 132},      // d 64, 1k
+                      ScheduleCase{64, 8, 2, true, 8192 * 1024, kL2, 132},      // d 256, 8k: 3-head groups
+                      ScheduleCase{5, 3, 7, true, 1 << 30, kL2, 132},           // K/V above L2: one head per group
+                      ScheduleCase{3, 2, 1, true, 1000, kL2, 132},              // fewer tiles than CTAs
+                      ScheduleCase{7, 5, 3, true, 3 << 20, 50 << 20, 16},       // partial last group and round
+                      ScheduleCase{32, 16, 4, false, 4096 * 256, kL2, 132}));   // one CTA per tile
+
+}  // namespace
