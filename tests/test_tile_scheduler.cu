@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -41,7 +42,8 @@ ForwardTile tile_of_rank(CausalScheduler::Params const& params, int64_t rank, in
 TEST_P(CausalSchedule, VisitsEveryTileOnce) {
   ScheduleCase const c = GetParam();
   CausalScheduler::Params const params =
-      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.l2_bytes);
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
+                                 c.l2_bytes);
   ASSERT_EQ(params.num_tiles, int64_t(c.num_m_blocks) * c.nheads * c.batch);
   int64_t const ctas = ctas_of(params, c.num_sms);
   std::set<std::tuple<int, int, int>> seen;
@@ -63,7 +65,8 @@ TEST_P(CausalSchedule, VisitsEveryTileOnce) {
 TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
   ScheduleCase const c = GetParam();
   CausalScheduler::Params params =
-      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.l2_bytes);
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
+                                 c.l2_bytes);
   params.persistent = false;
   for (int64_t index = 0; index < params.num_tiles; ++index) {
     ForwardTile const t = CausalScheduler::tile_of(params, index, params.num_tiles);
@@ -75,17 +78,23 @@ TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
 TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
   ScheduleCase const c = GetParam();
   CausalScheduler::Params params =
-      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.l2_bytes);
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
+                                 c.l2_bytes);
   params.persistent = true;
   int64_t const heads_batch = int64_t(c.nheads) * c.batch;
-  ASSERT_GE(params.group_heads, 1);
-  ASSERT_LE(params.group_heads, heads_batch);
-  if (params.group_heads > 1) EXPECT_LE(params.group_heads * c.kv_bytes_per_head, c.l2_bytes / 2);
-  if (params.group_heads < heads_batch) EXPECT_GT((params.group_heads + 1) * c.kv_bytes_per_head, c.l2_bytes / 2);
-  // Rank by rank, the tiles cover whole groups in order, and within a group the query tiles never
-  // grow.
   int64_t const ctas = ctas_of(params, c.num_sms);
   int64_t const group_tiles = int64_t(params.group_heads) * c.num_m_blocks;
+  ASSERT_GE(params.group_heads, 1);
+  ASSERT_LE(params.group_heads, heads_batch);
+  if (params.group_heads < heads_batch) {
+    // Groups of whole rounds, as large as half the L2 allows.
+    EXPECT_EQ(group_tiles % ctas, 0) << group_tiles << " tiles per group, " << ctas << " CTAs";
+    EXPECT_LE(params.group_heads * c.kv_bytes_per_head, c.l2_bytes / 2);
+    int64_t const round_heads = ctas / std::gcd(ctas, int64_t(c.num_m_blocks));
+    EXPECT_GT((params.group_heads + round_heads) * c.kv_bytes_per_head, c.l2_bytes / 2);
+  }
+  // Rank by rank, the tiles cover whole groups in order, and within a group the query tiles never
+  // grow.
   for (int64_t rank = 0; rank < params.num_tiles; ++rank) {
     ForwardTile const t = tile_of_rank(params, rank, ctas);
     int64_t const head_batch = int64_t(t.batch) * c.nheads + t.head;
@@ -95,16 +104,16 @@ TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
 }
 
 constexpr int64_t kL2 = 60 << 20;  // H200
-constexpr int64_t kKvD128Seq512 = 512 * 256 * 2;
+constexpr int kSms = 132;
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CausalSchedule,
-    ::testing::Values(ScheduleCase{4, 16, 32, true, kKvD128Seq512, kL2, 132},   // d 128, 512: 96-head groups
-                      ScheduleCase{8, 32, 16, true, 1024 * 256, kL2, 132},      // d 64, 1k
-                      ScheduleCase{64, 8, 2, true, 8192 * 1024, kL2, 132},      // d 256, 8k: 3-head groups
-                      ScheduleCase{5, 3, 7, true, 1 << 30, kL2, 132},           // K/V above L2: one head per group
-                      ScheduleCase{3, 2, 1, true, 1000, kL2, 132},              // fewer tiles than CTAs
-                      ScheduleCase{7, 5, 3, true, 3 << 20, 50 << 20, 16},       // partial last group and round
-                      ScheduleCase{32, 16, 4, false, 4096 * 256, kL2, 132}));   // one CTA per tile
+    ::testing::Values(ScheduleCase{4, 16, 32, true, 512 * 256 * 2, kL2, kSms},    // d 128, 512: 99-head groups
+                      ScheduleCase{8, 32, 16, true, 1024 * 256, kL2, kSms},       // d 64, 1k: 99-head groups
+                      ScheduleCase{32, 8, 4, true, 4096 * 1024, kL2, kSms},       // d 256, 4k: 33 heads exceed L2
+                      ScheduleCase{5, 3, 7, true, 1 << 30, kL2, kSms},            // K/V above L2
+                      ScheduleCase{3, 2, 1, true, 1000, kL2, kSms},               // fewer tiles than CTAs
+                      ScheduleCase{7, 5, 31, true, 1 << 20, 64 << 20, 16},        // 32-head groups, the last partial
+                      ScheduleCase{32, 16, 4, false, 4096 * 256, kL2, kSms}));    // one CTA per tile
 
 }  // namespace

@@ -46,9 +46,9 @@ struct ForwardKernel {
     typename Scheduler::Params scheduler;
   };
 
-  // l2_bytes: the device's L2 cache, which the causal scheduler's head groups are sized to.
-  static Params to_params(detail::ForwardParams const& p, int64_t l2_bytes) {
-    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, l2_bytes)};
+  // num_sms, l2_bytes: the device's, which the tile scheduler sizes its rounds and head groups to.
+  static Params to_params(detail::ForwardParams const& p, int num_sms, int64_t l2_bytes) {
+    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, num_sms, l2_bytes)};
   }
 
   static Mask make_mask(detail::ForwardParams const& p) {
@@ -59,14 +59,15 @@ struct ForwardKernel {
     }
   }
 
-  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int64_t l2_bytes) {
+  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms,
+                                                          int64_t l2_bytes) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
       bool const persistent = num_m_blocks(p) <= Mainloop::kTile.causal_persistent_max_m_blocks;
       // Unpacked, the g query heads of a KV group are consecutive tile heads sharing one K/V.
       int64_t const kv_bytes = int64_t(p.seqlen_k) * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
       int64_t const kv_bytes_per_head = Mainloop::kPackGqa ? kv_bytes : kv_bytes / (p.nheads / p.nheads_kv);
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, persistent, kv_bytes_per_head, l2_bytes);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, persistent, kv_bytes_per_head, num_sms, l2_bytes);
     } else {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
     }

@@ -21,7 +21,7 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(err)};
   }
-  typename Kernel::Params const params = Kernel::to_params(p, l2_bytes);
+  typename Kernel::Params const params = Kernel::to_params(p, num_sms, l2_bytes);
   auto const kernel = forward_kernel<Kernel>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {
