@@ -1,8 +1,9 @@
-// Host tests of the causal tile scheduler's order: every (query tile, head, batch) exactly once,
+// Host tests of the tile schedulers' order. Causal: every (query tile, head, batch) exactly once,
 // whatever the CTA count; one CTA per tile runs head by head, longest first; persistent CTAs take a head group's tiles before the next group's,
 // longest (last query tile) first within a group; groups are sized to half the L2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <set>
@@ -36,7 +37,7 @@ ForwardTile tile_of_rank(CausalScheduler::Params const& params, int64_t rank, in
   int64_t const round = rank / ctas;
   int64_t position = rank % ctas;
   if ((round + 1) * ctas <= params.num_tiles && round % 2 == 1) position = ctas - 1 - position;
-  return CausalScheduler::tile_of(params, round * ctas + position, ctas);
+  return CausalScheduler::tile(params, round * ctas + position);
 }
 
 TEST_P(CausalSchedule, VisitsEveryTileOnce) {
@@ -45,10 +46,9 @@ TEST_P(CausalSchedule, VisitsEveryTileOnce) {
       CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
                                  c.l2_bytes);
   ASSERT_EQ(params.num_tiles, int64_t(c.num_m_blocks) * c.nheads * c.batch);
-  int64_t const ctas = ctas_of(params, c.num_sms);
   std::set<std::tuple<int, int, int>> seen;
   for (int64_t index = 0; index < params.num_tiles; ++index) {
-    ForwardTile const t = CausalScheduler::tile_of(params, index, ctas);
+    ForwardTile const t = CausalScheduler::tile(params, index);
     ASSERT_GE(t.m_block, 0);
     ASSERT_LT(t.m_block, c.num_m_blocks);
     ASSERT_GE(t.head, 0);
@@ -64,12 +64,11 @@ TEST_P(CausalSchedule, VisitsEveryTileOnce) {
 // One CTA per tile: block indices run over one head's query tiles, the last first, then the next head.
 TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
   ScheduleCase const c = GetParam();
-  CausalScheduler::Params params =
-      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
-                                 c.l2_bytes);
-  params.persistent = false;
+  CausalScheduler::Params const params = CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, false,
+                                                                    c.kv_bytes_per_head, c.num_sms, c.l2_bytes);
+  EXPECT_EQ(ctas_of(params, c.num_sms), params.num_tiles);
   for (int64_t index = 0; index < params.num_tiles; ++index) {
-    ForwardTile const t = CausalScheduler::tile_of(params, index, params.num_tiles);
+    ForwardTile const t = CausalScheduler::tile(params, index);
     EXPECT_EQ(t.m_block, c.num_m_blocks - 1 - index % c.num_m_blocks) << "index " << index;
     EXPECT_EQ(int64_t(t.batch) * c.nheads + t.head, index / c.num_m_blocks) << "index " << index;
   }
@@ -77,12 +76,11 @@ TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
 
 TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
   ScheduleCase const c = GetParam();
-  CausalScheduler::Params params =
-      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
-                                 c.l2_bytes);
-  params.persistent = true;
+  CausalScheduler::Params const params = CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, true,
+                                                                    c.kv_bytes_per_head, c.num_sms, c.l2_bytes);
   int64_t const heads_batch = int64_t(c.nheads) * c.batch;
   int64_t const ctas = ctas_of(params, c.num_sms);
+  EXPECT_EQ(ctas, std::min<int64_t>(params.num_tiles, c.num_sms));
   int64_t const group_tiles = int64_t(params.group_heads) * c.num_m_blocks;
   ASSERT_GE(params.group_heads, 1);
   ASSERT_LE(params.group_heads, heads_batch);
@@ -100,6 +98,22 @@ TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
     int64_t const head_batch = int64_t(t.batch) * c.nheads + t.head;
     EXPECT_EQ(head_batch / params.group_heads, rank / group_tiles) << "rank " << rank;
     if (rank % group_tiles != 0) EXPECT_LE(t.m_block, tile_of_rank(params, rank - 1, ctas).m_block) << "rank " << rank;
+  }
+}
+
+// Without a mask: tile index = ((batch * nheads) + head) * num_m_blocks + query tile.
+TEST(StaticPersistentSchedule, QueryTileFastestThenHeadThenBatch) {
+  using flashhop::sm90::StaticPersistentScheduler;
+  for (auto [m_blocks, nheads, batch] : {std::tuple{1, 1, 1}, std::tuple{4, 16, 32}, std::tuple{7, 3, 5}, std::tuple{128, 1, 1}}) {
+    StaticPersistentScheduler::Params const params = StaticPersistentScheduler::to_params(m_blocks, nheads, batch);
+    ASSERT_EQ(params.num_tiles, m_blocks * nheads * batch);
+    EXPECT_EQ(StaticPersistentScheduler::grid(params, 132).x, unsigned(std::min(params.num_tiles, 132)));
+    for (int index = 0; index < params.num_tiles; ++index) {
+      ForwardTile const t = StaticPersistentScheduler::tile(params, index);
+      EXPECT_EQ(t.m_block, index % m_blocks);
+      EXPECT_EQ(t.head, index / m_blocks % nheads);
+      EXPECT_EQ(t.batch, index / m_blocks / nheads);
+    }
   }
 }
 

@@ -86,8 +86,8 @@ struct ForwardKernel {
       return Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
-    auto const next_tile_loads = [&](int64_t index) {
-      int64_t const next = Scheduler::next_tile(params.scheduler, index);
+    auto const next_tile_loads = [&](int index) {
+      int const next = Scheduler::next_tile(params.scheduler, index);
       return next < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, next)).empty();
     };
 
@@ -121,7 +121,7 @@ struct ForwardKernel {
       auto const for_each_loading_tile = [&](auto const& load) {
         int q_free_phase = 0;
         bool first = true;
-        for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
+        for (int index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
              index = Scheduler::next_tile(params.scheduler, index), first = false) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(tile);
@@ -161,7 +161,7 @@ struct ForwardKernel {
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
-      for (int64_t index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
+      for (int index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
            index = Scheduler::next_tile(params.scheduler, index)) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(tile);

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 #include <cutlass/cutlass.h>
+#include <cutlass/fast_math.h>
 
 namespace flashhop::sm90 {
 
@@ -16,29 +17,37 @@ struct ForwardTile {
   int m_block, head, batch;
 };
 
+// Tile indices are 32-bit: a tile is 128 query rows of one head, so 2^31 tiles would need a Q of
+// more than 2^31 x 128 x 64 x 2 bytes. Every division by a launch constant goes through a
+// precomputed FastDivmod (a multiply and a shift): each CTA maps a tile index to its tile once per
+// tile in each warp role, on the path between two tiles (64-bit divisions there cost d = 64 causal,
+// seqlen 512, some 10%).
+
 // Equal tiles (no causal mask), persistent: at most one CTA per SM; CTA c takes tiles c,
 // c + gridDim.x, ... Later tiles' loads overlap earlier tiles' epilogues, and no CTA start-up is
 // paid per tile. Query tile fastest, so that the CTAs working at the same time share one head's
 // K/V in L2.
 struct StaticPersistentScheduler {
   struct Params {
-    int num_m_blocks, nheads;
-    int64_t num_tiles;
+    int num_tiles;
+    cutlass::FastDivmod m_blocks;  // divides by the query tiles per head
+    cutlass::FastDivmod heads;     // divides by nheads
   };
 
   static Params to_params(int num_m_blocks, int nheads, int batch) {
-    return {num_m_blocks, nheads, int64_t(num_m_blocks) * nheads * batch};
+    return {num_m_blocks * nheads * batch, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads)};
   }
   static dim3 grid(Params const& params, int num_sms) {
-    return dim3(static_cast<unsigned>(params.num_tiles < num_sms ? params.num_tiles : num_sms));
+    return dim3(static_cast<unsigned>(std::min(params.num_tiles, num_sms)));
   }
-  static CUTLASS_DEVICE int64_t first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int64_t next_tile(Params const&, int64_t index) { return index + gridDim.x; }
+  static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
+  static CUTLASS_DEVICE int next_tile(Params const&, int index) { return index + gridDim.x; }
 
-  static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
-    int const m = static_cast<int>(index % params.num_m_blocks);
-    int64_t const head_batch = index / params.num_m_blocks;
-    return {m, static_cast<int>(head_batch % params.nheads), static_cast<int>(head_batch / params.nheads)};
+  static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
+    int head_batch, m, batch, head;
+    params.m_blocks(head_batch, m, index);
+    params.heads(batch, head, head_batch);
+    return {m, head, batch};
   }
 };
 
@@ -58,61 +67,70 @@ struct StaticPersistentScheduler {
 //    a round unbalanced the rounds (d = 256 causal 4k: 543 -> 487).
 struct CausalScheduler {
   struct Params {
-    int num_m_blocks, nheads;
-    int64_t num_tiles;
+    int num_m_blocks, num_tiles, heads_batch;
     bool persistent;
-    int group_heads;  // persistent: (head, batch) pairs per group; the last group may hold fewer
+    int group_heads;                     // persistent: (head, batch) pairs per group
+    cutlass::FastDivmod m_blocks;        // divides by num_m_blocks
+    cutlass::FastDivmod heads;           // divides by nheads
+    cutlass::FastDivmod ctas;            // divides by the CTA count (grid size)
+    cutlass::FastDivmod group_tiles;     // divides by group_heads * num_m_blocks
+    cutlass::FastDivmod full_group;      // divides by group_heads
+    cutlass::FastDivmod last_group;      // divides by the last group's (head, batch) pairs
   };
 
   // kv_bytes_per_head: the K and V bytes one tile head reads (its share, where heads share K/V).
   static Params to_params(int num_m_blocks, int nheads, int batch, bool persistent, int64_t kv_bytes_per_head,
                           int num_sms, int64_t l2_bytes) {
-    Params params{num_m_blocks, nheads, int64_t(nheads) * batch * num_m_blocks, persistent, 0};
-    int64_t const heads_batch = int64_t(nheads) * batch;
-    int64_t const ctas = grid(params, num_sms).x;
+    int const heads_batch = nheads * batch;
+    int const num_tiles = heads_batch * num_m_blocks;
+    int const ctas = persistent ? std::min(num_tiles, num_sms) : num_tiles;
     // The fewest heads whose tiles fill whole rounds: lcm(ctas, num_m_blocks) / num_m_blocks.
-    int64_t const round_heads = ctas / std::gcd(ctas, int64_t(num_m_blocks));
+    int const round_heads = ctas / std::gcd(ctas, num_m_blocks);
     int64_t const fit = l2_bytes / 2 / std::max<int64_t>(kv_bytes_per_head, 1);
-    int64_t const group = fit >= round_heads ? fit / round_heads * round_heads : heads_batch;
-    params.group_heads = static_cast<int>(std::min(group, heads_batch));
-    return params;
+    int const group_heads =
+        fit >= round_heads ? static_cast<int>(std::min<int64_t>(fit / round_heads * round_heads, heads_batch))
+                           : heads_batch;
+    int const last_group_heads = heads_batch - (heads_batch - 1) / group_heads * group_heads;
+    return {num_m_blocks,
+            num_tiles,
+            heads_batch,
+            persistent,
+            group_heads,
+            cutlass::FastDivmod(num_m_blocks),
+            cutlass::FastDivmod(nheads),
+            cutlass::FastDivmod(ctas),
+            cutlass::FastDivmod(group_heads * num_m_blocks),
+            cutlass::FastDivmod(group_heads),
+            cutlass::FastDivmod(last_group_heads)};
   }
-  static dim3 grid(Params const& params, int num_sms) {
-    int64_t const ctas = params.persistent && params.num_tiles > num_sms ? num_sms : params.num_tiles;
-    return dim3(static_cast<unsigned>(ctas));
-  }
-  static CUTLASS_DEVICE int64_t first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int64_t next_tile(Params const& params, int64_t index) {
-    return params.persistent ? index + gridDim.x : INT64_MAX;
+  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas.divisor)); }
+  static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
+  static CUTLASS_DEVICE int next_tile(Params const& params, int index) {
+    return params.persistent ? index + params.ctas.divisor : params.num_tiles;
   }
 
-  static CUTLASS_DEVICE ForwardTile tile(Params const& params, int64_t index) {
-    return tile_of(params, index, gridDim.x);
-  }
-
-  // The tile of launch index `index` (block index, or a persistent CTA's walk) among `ctas` CTAs.
-  static CUTLASS_HOST_DEVICE ForwardTile tile_of(Params const& params, int64_t index, int64_t ctas) {
+  // The tile of launch index `index` (the block index, or a persistent CTA's walk).
+  static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
+    int batch, head;
     if (!params.persistent) {
-      int const m = static_cast<int>(index % params.num_m_blocks);
-      int64_t const head_batch = index / params.num_m_blocks;
-      return {params.num_m_blocks - 1 - m, static_cast<int>(head_batch % params.nheads),
-              static_cast<int>(head_batch / params.nheads)};
+      int head_batch, m;
+      params.m_blocks(head_batch, m, index);
+      params.heads(batch, head, head_batch);
+      return {params.num_m_blocks - 1 - m, head, batch};
     }
-    int64_t const round = index / ctas;
-    int64_t position = index % ctas;
+    int const ctas = params.ctas.divisor;
+    int round, position;
+    params.ctas(round, position, index);
     bool const full_round = (round + 1) * ctas <= params.num_tiles;  // a partial last round keeps its order
     if (full_round && round % 2 == 1) position = ctas - 1 - position;
-    int64_t const rank = round * ctas + position;
-    int64_t const group_tiles = int64_t(params.group_heads) * params.num_m_blocks;
-    int64_t const group = rank / group_tiles;
-    int64_t const in_group = rank % group_tiles;
-    int64_t const first_head_batch = group * params.group_heads;
-    int64_t const heads_batch = params.num_tiles / params.num_m_blocks;
-    int64_t const remaining = heads_batch - first_head_batch;
-    int64_t const group_size = remaining < params.group_heads ? remaining : params.group_heads;
-    int64_t const head_batch = first_head_batch + in_group % group_size;
-    return {params.num_m_blocks - 1 - static_cast<int>(in_group / group_size),
-            static_cast<int>(head_batch % params.nheads), static_cast<int>(head_batch / params.nheads)};
+    int group, in_group;
+    params.group_tiles(group, in_group, round * ctas + position);
+    int const first_head_batch = group * params.group_heads;
+    bool const last = first_head_batch + params.group_heads >= params.heads_batch;
+    int rank_m, in_group_head;
+    (last ? params.last_group : params.full_group)(rank_m, in_group_head, in_group);
+    params.heads(batch, head, first_head_batch + in_group_head);
+    return {params.num_m_blocks - 1 - rank_m, head, batch};
   }
 };
 
