@@ -17,7 +17,7 @@ struct ForwardTileConfig {
 // Causal scheduling (H200, bf16, same session, timed back to back): persistent against one CTA per
 // tile at d = 128 ran +16% at seqlen 512, +9% at 1k, -3% at 2k and 4k, -7% at 8k; d = 64 alike.
 // With the persistent ranking in L2-sized head groups (tile_scheduler.h), persistent at every
-// length against this threshold: d = 64 2k +4%, 4k -11%, 16k -8%; d = 128 2k -11%, 16k -6%.
+// length against this threshold: d = 64 2k +6%, 4k -10%, 16k -5%; d = 128 2k -10%, 16k -5%.
 inline constexpr int kCausalPersistentMaxMBlocks = 8;  // seqlen_q <= 1024 with 128-row tiles
 
 // 228 KB of shared memory per SM, of which one CTA may use 227 KB. The CTA holds Q (block_m x d),
