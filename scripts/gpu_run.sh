@@ -14,6 +14,7 @@
 #     gqa       flashhop-bench --sweep gqa (GQA decode and short queries, --pack-gqa on and off), --check
 #               then timed, and tools/peers_sdpa.py --sweep gqa merged with it (not in the default list)
 #     sanitize  compute-sanitizer memcheck and racecheck on a subset of the GPU tests
+#     profile   ncu of the configurations in PROFILE_CONFIGS (not in the default list)
 #     sass      cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
 # Environment:
 #   OUT                 where the logs go (set on the device machine; default ./gpu_out)
@@ -27,9 +28,11 @@
 #   BENCH_ARGS          flashhop-bench flags (default "--sweep peers --warmup 100 --iters 500"); the bench stage
 #                       runs them twice: with --check (correctness), then timed alone for bench.json
 #   PEERS_ARGS          flags for peers_sdpa.py (default "--warmup 100 --iters 500")
+#   PROFILE_CONFIGS     flashhop-bench shapes for the profile stage, ';'-separated (default: the short
+#                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
-# sanitize.log, sass_summary.txt; and all of them again in all_logs.tar.gz.
+# sanitize.log, profile.log, sass_summary.txt; and all of them again in all_logs.tar.gz.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -42,6 +45,7 @@ BUILD_DIR=${BUILD_DIR:-build-gpu}
 # 30% but not the peers (docs/PERFORMANCE.md).
 BENCH_ARGS=${BENCH_ARGS:---sweep peers --warmup 100 --iters 500}
 PEERS_ARGS=${PEERS_ARGS:---warmup 100 --iters 500}
+PROFILE_CONFIGS=${PROFILE_CONFIGS:---batch 32 --seqlen 512 --nheads 16 --head-dim 128;--batch 32 --seqlen 512 --nheads 32 --head-dim 64 --causal;--batch 32 --seqlen 512 --nheads 16 --head-dim 128 --causal}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
@@ -179,6 +183,27 @@ stage_peers() {
     tee "$OUT/peers.log"
 }
 
+# ncu (--clock-control none: the card keeps its own clocks) of one forward launch after warm-up, for
+# each configuration in PROFILE_CONFIGS (flashhop-bench flags, ';'-separated): throughput, pipe
+# use, stall reasons and memory traffic, one report per configuration in profile.log.
+stage_profile() {
+  local log="$OUT/profile.log" status=0 config configs
+  command -v ncu >/dev/null || { note "ncu not found: no profile"; return 1; }
+  : >"$log"
+  IFS=';' read -ra configs <<<"$PROFILE_CONFIGS"
+  for config in "${configs[@]}"; do
+    echo "### flashhop-bench $config" | tee -a "$log"
+    # shellcheck disable=SC2086  # config is a list of flags
+    ncu --clock-control none --kernel-name regex:forward_kernel --launch-skip 10 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis \
+      "$BUILD_DIR/tools/flashhop-bench" $config --warmup 20 --iters 5 >>"$log" 2>&1 || status=1
+  done
+  grep -E '^### |Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued' \
+    "$log" | head -60
+  return "$status"
+}
+
 # Per kernel function: counts of the instructions that show the design is in the machine code.
 #   HGMMA       warpgroup MMA (wgmma)          UTMALDG / UTMASTG  TMA loads / stores
 #   USETMAXREG  register reallocation          BAR.SYNC / BAR.ARV barriers (named ones carry an id)
@@ -231,7 +256,7 @@ stage_sass() {
 
 for stage in "${stages[@]}"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    note "unknown stage '$stage' (build test bench peers features gqa sanitize sass)"
+    note "unknown stage '$stage' (build test bench peers features gqa sanitize profile sass)"
     failed=1
     continue
   fi
