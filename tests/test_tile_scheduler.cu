@@ -1,6 +1,7 @@
 // Host tests of the tile schedulers' order. Causal: every (query tile, head, batch) exactly once,
-// whatever the CTA count; one CTA per tile runs head by head, longest first; persistent CTAs take a head group's tiles before the next group's,
-// longest (last query tile) first within a group; groups are sized to half the L2.
+// whatever the CTA count; one CTA per tile runs head by head, longest first; persistent CTAs take a
+// head group's tiles before the next group's, longest (last query tile) first within a group;
+// groups are whole rounds sized to half the L2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,7 +105,8 @@ TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
 // Without a mask: tile index = ((batch * nheads) + head) * num_m_blocks + query tile.
 TEST(StaticPersistentSchedule, QueryTileFastestThenHeadThenBatch) {
   using flashhop::sm90::StaticPersistentScheduler;
-  for (auto [m_blocks, nheads, batch] : {std::tuple{1, 1, 1}, std::tuple{4, 16, 32}, std::tuple{7, 3, 5}, std::tuple{128, 1, 1}}) {
+  for (auto [m_blocks, nheads, batch] :
+       {std::tuple{1, 1, 1}, std::tuple{4, 16, 32}, std::tuple{7, 3, 5}, std::tuple{128, 1, 1}}) {
     StaticPersistentScheduler::Params const params = StaticPersistentScheduler::to_params(m_blocks, nheads, batch);
     ASSERT_EQ(params.num_tiles, m_blocks * nheads * batch);
     EXPECT_EQ(StaticPersistentScheduler::grid(params, 132).x, unsigned(std::min(params.num_tiles, 132)));
