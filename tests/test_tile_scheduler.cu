@@ -82,22 +82,23 @@ TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
   int64_t const heads_batch = int64_t(c.nheads) * c.batch;
   int64_t const ctas = ctas_of(params, c.num_sms);
   EXPECT_EQ(ctas, std::min<int64_t>(params.num_tiles, c.num_sms));
-  int64_t const group_tiles = int64_t(params.group_heads) * c.num_m_blocks;
-  ASSERT_GE(params.group_heads, 1);
-  ASSERT_LE(params.group_heads, heads_batch);
-  if (params.group_heads < heads_batch) {
+  int64_t const group_heads = params.full_group.divisor;  // (head, batch) pairs per full group
+  int64_t const group_tiles = group_heads * c.num_m_blocks;
+  ASSERT_GE(group_heads, 1);
+  ASSERT_LE(group_heads, heads_batch);
+  if (group_heads < heads_batch) {
     // Groups of whole rounds, as large as half the L2 allows.
     EXPECT_EQ(group_tiles % ctas, 0) << group_tiles << " tiles per group, " << ctas << " CTAs";
-    EXPECT_LE(params.group_heads * c.kv_bytes_per_head, c.l2_bytes / 2);
+    EXPECT_LE(group_heads * c.kv_bytes_per_head, c.l2_bytes / 2);
     int64_t const round_heads = ctas / std::gcd(ctas, int64_t(c.num_m_blocks));
-    EXPECT_GT((params.group_heads + round_heads) * c.kv_bytes_per_head, c.l2_bytes / 2);
+    EXPECT_GT((group_heads + round_heads) * c.kv_bytes_per_head, c.l2_bytes / 2);
   }
   // Rank by rank, the tiles cover whole groups in order, and within a group the query tiles never
   // grow.
   for (int64_t rank = 0; rank < params.num_tiles; ++rank) {
     ForwardTile const t = tile_of_rank(params, rank, ctas);
     int64_t const head_batch = int64_t(t.batch) * c.nheads + t.head;
-    EXPECT_EQ(head_batch / params.group_heads, rank / group_tiles) << "rank " << rank;
+    EXPECT_EQ(head_batch / group_heads, rank / group_tiles) << "rank " << rank;
     if (rank % group_tiles != 0) EXPECT_LE(t.m_block, tile_of_rank(params, rank - 1, ctas).m_block) << "rank " << rank;
   }
 }

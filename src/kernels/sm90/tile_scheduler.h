@@ -67,14 +67,13 @@ struct StaticPersistentScheduler {
 //    that ended inside a round unbalanced the rounds (d = 256 causal 4k: 543 -> 487).
 struct CausalScheduler {
   struct Params {
-    int num_m_blocks, num_tiles, heads_batch;
+    int num_tiles, heads_batch;
     bool persistent;
-    int group_heads;                     // persistent: (head, batch) pairs per group
-    cutlass::FastDivmod m_blocks;        // divides by num_m_blocks
+    cutlass::FastDivmod m_blocks;        // divides by the query tiles per head
     cutlass::FastDivmod heads;           // divides by nheads
     cutlass::FastDivmod ctas;            // divides by the CTA count (grid size)
-    cutlass::FastDivmod group_tiles;     // divides by group_heads * num_m_blocks
-    cutlass::FastDivmod full_group;      // divides by group_heads
+    cutlass::FastDivmod group_tiles;     // divides by the tiles of a full group
+    cutlass::FastDivmod full_group;      // divides by a full group's (head, batch) pairs (persistent)
     cutlass::FastDivmod last_group;      // divides by the last group's (head, batch) pairs
   };
 
@@ -91,11 +90,9 @@ struct CausalScheduler {
         fit >= round_heads ? static_cast<int>(std::min<int64_t>(fit / round_heads * round_heads, heads_batch))
                            : heads_batch;
     int const last_group_heads = heads_batch - (heads_batch - 1) / group_heads * group_heads;
-    return {num_m_blocks,
-            num_tiles,
+    return {num_tiles,
             heads_batch,
             persistent,
-            group_heads,
             cutlass::FastDivmod(num_m_blocks),
             cutlass::FastDivmod(nheads),
             cutlass::FastDivmod(ctas),
@@ -116,7 +113,7 @@ struct CausalScheduler {
       int head_batch, m;
       params.m_blocks(head_batch, m, index);
       params.heads(batch, head, head_batch);
-      return {params.num_m_blocks - 1 - m, head, batch};
+      return {params.m_blocks.divisor - 1 - m, head, batch};
     }
     int const ctas = params.ctas.divisor;
     int round, position;
@@ -125,12 +122,13 @@ struct CausalScheduler {
     if (full_round && round % 2 == 1) position = ctas - 1 - position;
     int group, in_group;
     params.group_tiles(group, in_group, round * ctas + position);
-    int const first_head_batch = group * params.group_heads;
-    bool const last = first_head_batch + params.group_heads >= params.heads_batch;
+    int const group_heads = params.full_group.divisor;
+    int const first_head_batch = group * group_heads;
+    bool const last = first_head_batch + group_heads >= params.heads_batch;
     int rank_m, in_group_head;
     (last ? params.last_group : params.full_group)(rank_m, in_group_head, in_group);
     params.heads(batch, head, first_head_batch + in_group_head);
-    return {params.num_m_blocks - 1 - rank_m, head, batch};
+    return {params.m_blocks.divisor - 1 - rank_m, head, batch};
   }
 };
 
