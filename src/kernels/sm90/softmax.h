@@ -44,11 +44,18 @@ template <int kRows>
 struct OnlineSoftmax {
   using RowValues = cute::array<float, kRows>;
 
+  // A row's max is raised only when a tile's scores exceed it by more than 2^8 after exp (then
+  // exp(s - max) <= 256 stays well inside float and bf16). Between raises O needs no rescale, and
+  // rescale() skips a warp whose factors are all 1: after the first key tiles almost every tile.
+  static constexpr float kMaxSlackLog2 = 8.f;
+
   float scale_log2;   // score scale * log2(e)
-  RowValues row_max;  // running max of the raw scores, reduced over the quad
+  float max_slack;    // kMaxSlackLog2 in raw-score units
+  RowValues row_max;  // the max subtracted before exp: within max_slack below the running max of the raw scores
   RowValues row_sum;  // running sum of exp, this thread's columns only (reduced in finalize)
 
-  CUTLASS_DEVICE explicit OnlineSoftmax(float score_scale_log2) : scale_log2(score_scale_log2) {
+  CUTLASS_DEVICE explicit OnlineSoftmax(float score_scale_log2)
+      : scale_log2(score_scale_log2), max_slack(kMaxSlackLog2 / score_scale_log2) {
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
       row_max[m] = -cutlass::platform::numeric_limits<float>::infinity();
@@ -67,11 +74,14 @@ struct OnlineSoftmax {
       float tile_max = row_max[m];
       CUTLASS_PRAGMA_UNROLL
       for (int n = 0; n < cute::size<1>(scores); ++n) tile_max = fmaxf(tile_max, scores(m, n));
-      float const new_max = quad_allreduce(tile_max, [](float a, float b) { return fmaxf(a, b); });
+      float const tile_row_max = quad_allreduce(tile_max, [](float a, float b) { return fmaxf(a, b); });
+      // From -inf (no visible key yet) any finite max raises it.
+      bool const raise = kIsFirst || tile_row_max > row_max[m] + max_slack;
+      float const new_max = raise ? tile_row_max : row_max[m];
       // A row with no visible key yet keeps max = -inf; subtract 0 then, so exp2(-inf) = 0, not NaN.
       float const max_scaled =
           new_max == -cutlass::platform::numeric_limits<float>::infinity() ? 0.f : new_max * scale_log2;
-      o_scale[m] = kIsFirst ? 1.f : fast_exp2(row_max[m] * scale_log2 - max_scaled);
+      o_scale[m] = raise && !kIsFirst ? fast_exp2(row_max[m] * scale_log2 - max_scaled) : 1.f;
       row_max[m] = new_max;
       float tile_sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
@@ -91,9 +101,13 @@ struct OnlineSoftmax {
     return ones;
   }
 
-  // Multiplies each row of O (rows, cols) by its factor.
+  // Multiplies each row of O (rows, cols) by its factor; nothing when every factor of the warp is 1.
   template <class Accum>
   CUTLASS_DEVICE static void rescale(Accum&& o, RowValues const& factor) {
+    bool changes = false;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) changes |= factor[m] != 1.f;
+    if (!__any_sync(0xffffffff, changes)) return;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
       CUTLASS_PRAGMA_UNROLL
