@@ -32,7 +32,8 @@
 #                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
-# sanitize.log, profile.log, sass_summary.txt; and all of them again in all_logs.tar.gz.
+# sanitize.log, profile.log (+ profile_N.ncu-rep / .csv), sass_summary.txt; and all of them again
+# in all_logs.tar.gz.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -185,21 +186,32 @@ stage_peers() {
 
 # ncu (--clock-control none: the card keeps its own clocks) of one forward launch after warm-up, for
 # each configuration in PROFILE_CONFIGS (flashhop-bench flags, ';'-separated): throughput, pipe
-# use, stall reasons and memory traffic, one report per configuration in profile.log.
+# use, stall reasons and memory traffic in profile.log; per-instruction stall sampling in
+# profile_N.csv (ncu's source page), summarised into profile.log by tools/sass_hotspots.py; the
+# reports themselves as profile_N.ncu-rep.
 stage_profile() {
-  local log="$OUT/profile.log" status=0 config configs
+  local log="$OUT/profile.log" status=0 config configs n=0
   command -v ncu >/dev/null || { note "ncu not found: no profile"; return 1; }
   : >"$log"
   IFS=';' read -ra configs <<<"$PROFILE_CONFIGS"
   for config in "${configs[@]}"; do
-    echo "### flashhop-bench $config" | tee -a "$log"
+    n=$((n + 1))
+    echo "### $n: flashhop-bench $config" | tee -a "$log"
+    local report="$OUT/profile_$n"
     # shellcheck disable=SC2086  # config is a list of flags
-    ncu --clock-control none --kernel-name regex:forward_kernel --launch-skip 10 --launch-count 1 \
+    if ncu --clock-control none --kernel-name regex:forward_kernel --launch-skip 10 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis \
-      "$BUILD_DIR/tools/flashhop-bench" $config --warmup 20 --iters 5 >>"$log" 2>&1 || status=1
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
+      --import-source yes -f -o "$report" \
+      "$BUILD_DIR/tools/flashhop-bench" $config --warmup 20 --iters 5 >>"$log" 2>&1; then
+      ncu --import "$report.ncu-rep" --page details >>"$log" 2>&1 || status=1
+      ncu --import "$report.ncu-rep" --page source --csv --print-source sass >"$report.csv" 2>>"$log" &&
+        python3 "$root/tools/sass_hotspots.py" "$report.csv" >>"$log" 2>&1 || status=1
+    else
+      status=1
+    fi
   done
-  grep -E '^### |Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued' \
+  grep -E '^### |Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|^stall reasons' \
     "$log" | head -60
   return "$status"
 }
