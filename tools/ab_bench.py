@@ -2,7 +2,10 @@
 """Same-session A/B timing of flashhop-bench binaries (the tool library's METHOD.md: predict, change,
 measure, side by side). Runs each binary with the same flags in turn, round after round, so that
 all of them see the same card state, and prints one table: per configuration, each binary's TFLOP/s
-in every round, and the median over rounds relative to the first binary.
+in every round, and the median over rounds relative to the first binary. Even rounds run the
+binaries in reverse order, so that a drift of the card's state within a round (each run is a whole
+sweep) does not always favour the same binary; to see how large that drift is, give one binary
+twice under two names.
 
   tools/ab_bench.py [--rounds N] [--bench-args "FLAGS"] [--out DIR] NAME=BINARY [NAME=BINARY ...]
 
@@ -65,7 +68,8 @@ def main():
     tflops = {}  # (config label, name) -> [TFLOP/s per round]
     order = []   # config labels in the sweep's order
     for round_index in range(1, args.rounds + 1):
-        for name, binary in args.binaries:
+        in_turn = args.binaries if round_index % 2 == 1 else args.binaries[::-1]
+        for name, binary in in_turn:
             stem = os.path.join(out, f"{name}_r{round_index}")
             command = [binary, *shlex.split(args.bench_args), "--json", stem + ".json"]
             with open(stem + ".log", "w") as log:
