@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a kernel's warps spend their time, from ncu's per-instruction stall sampling.
 
-  tools/sass_hotspots.py SOURCE_CSV [--top N]
+  tools/sass_hotspots.py SOURCE_CSV [--top N] [--min-share PERCENT]
 
 SOURCE_CSV is `ncu --import REPORT --page source --csv --print-source sass` of a report taken with
 `--section SourceCounters`. Prints the stall reasons over the whole kernel, then the kernel cut into
@@ -18,9 +18,13 @@ import sys
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
+# One SASS instruction: its position in the listing, its text, its warp samples, how often it ran,
+# and its samples per stall reason.
+Instruction = collections.namedtuple("Instruction", "index text samples executed stalls")
+
 
 def read_instructions(path):
-    """(index, sass text, samples, executions, {stall reason: samples}) per instruction."""
+    """The kernel's instructions in listing order."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     header_at = next((i for i, row in enumerate(rows) if row and row[0] == "Address"), None)
@@ -38,8 +42,8 @@ def read_instructions(path):
         if len(row) < len(header):
             continue
         stalls = {reason[len("stall_"):]: number(row[column[reason]]) for reason in reasons}
-        instructions.append((len(instructions), row[column["Source"]].strip(), number(row[column[SAMPLES]]),
-                             number(row[column[EXECUTED]]), stalls))
+        instructions.append(Instruction(len(instructions), row[column["Source"]].strip(),
+                                        number(row[column[SAMPLES]]), number(row[column[EXECUTED]]), stalls))
     return instructions
 
 
@@ -52,36 +56,36 @@ def main():
     args = parser.parse_args()
 
     instructions = read_instructions(args.csv)
-    total = sum(samples for _, _, samples, _, _ in instructions)
+    total = sum(i.samples for i in instructions)
     if total == 0:
         sys.exit(f"{args.csv}: no warp samples")
     share = lambda samples: 100.0 * samples / total
 
     reasons = collections.Counter()
-    for _, _, _, _, stalls in instructions:
-        reasons.update(stalls)
+    for i in instructions:
+        reasons.update(i.stalls)
     print(f"{len(instructions)} instructions, {total} warp samples")
     print("stall reasons: " + ", ".join(f"{reason} {share(n):.1f}%" for reason, n in reasons.most_common(8) if n))
 
     print("\nruns of equal execution count (first-last instruction, executions, share, hottest):")
     runs = []
     for instruction in instructions:
-        if runs and runs[-1][-1][3] == instruction[3]:
+        if runs and runs[-1][-1].executed == instruction.executed:
             runs[-1].append(instruction)
         else:
             runs.append([instruction])
     for run in runs:
-        samples = sum(i[2] for i in run)
+        samples = sum(i.samples for i in run)
         if share(samples) < args.min_share:
             continue
-        hottest = sorted(run, key=lambda i: -i[2])[:3]
-        print(f"  [{run[0][0]:5d}-{run[-1][0]:5d}] x{run[0][3]:<9d} {share(samples):5.1f}%  " +
-              " | ".join(f"{i[1][:44]} {share(i[2]):.1f}%" for i in hottest if i[2]))
+        hottest = sorted(run, key=lambda i: -i.samples)[:3]
+        print(f"  [{run[0].index:5d}-{run[-1].index:5d}] x{run[0].executed:<9d} {share(samples):5.1f}%  " +
+              " | ".join(f"{i.text[:44]} {share(i.samples):.1f}%" for i in hottest if i.samples))
 
     print(f"\n{args.top} hottest instructions (index, share, executions, main stall reasons):")
-    for index, text, samples, executed, stalls in sorted(instructions, key=lambda i: -i[2])[:args.top]:
-        main_reasons = ", ".join(f"{r} {share(n):.1f}" for r, n in collections.Counter(stalls).most_common(2) if n)
-        print(f"  {index:5d} {share(samples):5.1f}% x{executed:<9d} {text[:56]:56s} {main_reasons}")
+    for i in sorted(instructions, key=lambda i: -i.samples)[:args.top]:
+        main_reasons = ", ".join(f"{r} {share(n):.1f}" for r, n in collections.Counter(i.stalls).most_common(2) if n)
+        print(f"  {i.index:5d} {share(i.samples):5.1f}% x{i.executed:<9d} {i.text[:56]:56s} {main_reasons}")
 
 
 if __name__ == "__main__":
