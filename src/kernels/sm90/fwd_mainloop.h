@@ -318,10 +318,11 @@ struct ForwardMainloop {
         return row_offset + get<0>(coords(m, 0));
       }
     };
-    // The kept scores of key tile n_block: soft-capped (a uniform branch), then masked.
-    auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask) {
+    // The kept scores of key tile n_block: soft-capped, then masked. `softcap` is params.softcap,
+    // as a uniform branch (bool) or known at compile time (true_type / false_type).
+    auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask, auto softcap) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
-      if (params.softcap) apply_softcap(scores, params.softcap_prescale);
+      if (softcap) apply_softcap(scores, params.softcap_prescale);
       if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, query_of, n_block * kBlockN);
       return scores;
     };
@@ -342,8 +343,8 @@ struct ForwardMainloop {
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_read);
     {
-      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{})
-                                          : scores_of(s_first, n_block, false_type{});
+      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{}, params.softcap)
+                                          : scores_of(s_first, n_block, false_type{}, params.softcap);
       softmax.template update</*kIsFirst=*/true>(scores);
       convert_fragment_into(s_first, p_regs);
     }
@@ -354,7 +355,7 @@ struct ForwardMainloop {
     // softmax and paid before the next P V (while the tensor cores run the next S GEMM).
     // O is still zero before the first P V, so any factor will do there.
     typename Softmax::RowValues o_scale = Softmax::unit_factors();
-    auto step = [&](int n_block, auto needs_mask) {
+    auto step = [&](int n_block, auto needs_mask, auto softcap) {
       Tensor s_accum = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
       MmaTurns::wait_turn(consumer);
       pipeline_k.consumer_wait(k_read);
@@ -365,7 +366,7 @@ struct ForwardMainloop {
       MmaTurns::pass_turn(consumer);
       warpgroup_wait<1>();  // S retired; P V may still run
       pipeline_k.consumer_release(k_read);
-      Tensor scores = scores_of(s_accum, n_block, needs_mask);
+      Tensor scores = scores_of(s_accum, n_block, needs_mask, softcap);
       o_scale = softmax.template update</*kIsFirst=*/false>(scores);
       warpgroup_wait<0>();  // P V retired: p_regs is free again
       pipeline_v.consumer_release(v_read);
@@ -375,22 +376,30 @@ struct ForwardMainloop {
     };
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
     // tiles, then the tiles cut by its left edge. Without a band, a loop per kind (H200, d = 128,
-    // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without). With one, a single loop
-    // with a uniform branch: a loop per kind inlines the masked step twice, which made ptxas spill
-    // at d >= 192.
+    // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without), and a pair of loops per
+    // soft-capping choice, so that the unmasked loop holds no code it skips. With a band, a single
+    // loop with uniform branches: a loop per kind inlines the masked step twice, which made ptxas
+    // spill at d >= 192.
     if constexpr (Mask::kIsLocal) {
       for (--n_block; n_block >= blocks.begin; --n_block) {
         if (needs_mask(n_block)) {
-          step(n_block, true_type{});
+          step(n_block, true_type{}, params.softcap);
         } else {
-          step(n_block, false_type{});
+          step(n_block, false_type{}, params.softcap);
         }
       }
     } else {
-      for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
-        step(n_block, true_type{});
+      auto walk = [&](auto softcap) {
+        for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
+          step(n_block, true_type{}, softcap);
+        }
+        for (; n_block >= blocks.begin; --n_block) step(n_block, false_type{}, softcap);
+      };
+      if (params.softcap) {
+        walk(true_type{});
+      } else {
+        walk(false_type{});
       }
-      for (; n_block >= blocks.begin; --n_block) step(n_block, false_type{});
     }
 
     q_read_done();
