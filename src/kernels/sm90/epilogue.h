@@ -32,9 +32,9 @@ struct ForwardEpilogue {
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;
   };
-  // One consumer warpgroup's rows: O's layout restricted to 64 rows. The two halves interleave
-  // (both lie in every 64-column block of swizzle atoms); a half is one 8 KB box per block.
-  using WarpGroupM = cute::Int<BlockM::value / kConsumerWarpGroups>;
+  // One consumer warpgroup's rows: O's layout restricted to 64 rows. The warpgroups' rows
+  // interleave (all lie in every 64-column block of swizzle atoms); each is one 8 KB box per block.
+  using WarpGroupM = cute::Int<64>;
   using SmemLayoutOWarpGroup = decltype(cute::composition(
       SmemLayoutO{}, cute::Layout<cute::Shape<WarpGroupM, HeadDimV>, cute::Stride<cute::_1, BlockM>>{}));
   using GmemTensor = typename Mainloop::GmemTensorV;
@@ -73,7 +73,7 @@ struct ForwardEpilogue {
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the
-  // tile head (query_rows.h). thread_idx in [0, 256) over both consumer warpgroups. In Q's buffer
+  // tile head (query_rows.h). thread_idx in [0, 128 x consumers) over all consumer warpgroups. In Q's buffer
   // (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`, one arrival per
   // warpgroup, to load the next tile's Q there.
   template <class OAccum, class RowValues>
@@ -123,7 +123,7 @@ struct ForwardEpilogue {
     if (leader) {
       Tensor mO = params.tma_o.get_tma_tensor(make_shape(params.seqlen_q, HeadDimV{}, params.nheads, params.batch));
       Tensor gO = local_tile(mO(_, _, head, batch), Shape<WarpGroupM, HeadDimV>{},
-                             make_coord(m_block * kConsumerWarpGroups + consumer, _0{}));  // (64, dv)
+                             make_coord(m_block * Mainloop::kConsumerWarpGroups + consumer, _0{}));  // (64, dv)
       Tensor sO_rows = local_tile(sO, Shape<WarpGroupM, HeadDimV>{}, make_coord(consumer, _0{}));  // (64, dv)
       auto tma_o = params.tma_o.get_slice(_0{});
       copy(params.tma_o, tma_o.partition_S(sO_rows), tma_o.partition_D(gO));

@@ -37,6 +37,7 @@ struct ForwardKernel {
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
+  static constexpr int kThreads = Mainloop::Roles::kThreads;
   static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
 
   struct Params {
@@ -81,7 +82,8 @@ struct ForwardKernel {
   CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
     using namespace cute;
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
-    auto const role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
+    using Roles = typename Mainloop::Roles;
+    int const warp_group = cutlass::canonical_warp_group_idx();  // 0: producer, 1 ..: consumers
     auto const key_blocks = [&](ForwardTile const& tile) {
       return Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
     };
@@ -95,15 +97,14 @@ struct ForwardKernel {
     // stored from Q's buffer, or, with a buffer of its own for O, once it no longer reads Q.
     if (threadIdx.x == 0) {
       shared.q_full.init(Mainloop::kQFullArrivals);
-      shared.q_free.init(kConsumerWarpGroups);
+      shared.q_free.init(Roles::kConsumers);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
       typename Pipeline::Params ring;
       ring.transaction_bytes = tile_bytes;
-      ring.role = role == WarpGroupRole::kProducer ? Pipeline::ThreadCategory::Producer
-                                                   : Pipeline::ThreadCategory::Consumer;
+      ring.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
       ring.is_leader = threadIdx.x == 0;
-      ring.num_consumers = kConsumerThreads;
+      ring.num_consumers = Roles::kConsumerThreads;
       return ring;
     };
     // The constructors initialise the barriers (warp 0) and fence the initialisation.
@@ -115,8 +116,8 @@ struct ForwardKernel {
     // Q's buffer is handed back and forth once per loading tile: the tile before a loading tile
     // releases it (q_free), the producer refills it (q_full). Both sides walk the same tiles and
     // count the hand-overs the same way, so neither runs two phases ahead of the other.
-    if (role == WarpGroupRole::kProducer) {
-      cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
       // Calls load(tile, blocks, wait_q_free) for each of the CTA's tiles that loads anything.
       auto const for_each_loading_tile = [&](auto const& load) {
         int q_free_phase = 0;
@@ -155,8 +156,8 @@ struct ForwardKernel {
         }
       }
     } else {
-      cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-      int const consumer = static_cast<int>(role) - static_cast<int>(WarpGroupRole::kConsumer0);
+      cutlass::arch::warpgroup_reg_alloc<Roles::kConsumerRegisters>();
+      int const consumer = warp_group - 1;
       int const thread_idx = threadIdx.x - kThreadsPerWarpGroup;
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
@@ -201,7 +202,7 @@ struct ForwardKernel {
 };
 
 template <class Kernel>
-__global__ void __launch_bounds__(kForwardThreads, 1) forward_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+__global__ void __launch_bounds__(Kernel::kThreads, 1) forward_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
   extern __shared__ __align__(1024) unsigned char smem_buf[];
   Kernel{}(params, smem_buf);
 }

@@ -27,7 +27,7 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
   }
-  kernel<<<Scheduler::grid(params.scheduler, num_sms), kForwardThreads, Kernel::kSharedBytes, stream>>>(params);
+  kernel<<<Scheduler::grid(params.scheduler, num_sms), Kernel::kThreads, Kernel::kSharedBytes, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err)};

@@ -1,6 +1,6 @@
 // Mainloop of the sm90 forward kernel: the producer half (TMA loads of Q once and of K/V tiles into
 // a ring of shared-memory stages) and the consumer half (S = Q K^T and O += P V by wgmma, with the
-// online softmax in between). One CTA computes one 128-row query tile of one head at a time
+// online softmax in between). One CTA computes one query tile (64 rows per consumer warpgroup) of one head at a time
 // (with kPackGqa, of one KV head's group of query heads: query_rows.h).
 // Q and K have head dim d (kHeadDim), V and O head dim dv (kHeadDimV).
 #pragma once
@@ -32,8 +32,11 @@ struct ForwardMainloop {
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
-  static_assert(kBlockM == 64 * kConsumerWarpGroups, "each consumer warpgroup owns one 64-row wgmma atom");
-  using MmaTurns = MmaScheduler<kTile.mma_pingpong>;
+  // Each consumer warpgroup owns one 64-row wgmma atom of the query tile.
+  static_assert(kBlockM % 64 == 0, "the query tile is a whole number of 64-row wgmma atoms");
+  static constexpr int kConsumerWarpGroups = kBlockM / 64;
+  using Roles = WarpGroups<kConsumerWarpGroups>;
+  using MmaTurns = MmaScheduler<kTile.mma_pingpong, kConsumerWarpGroups>;
 
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
@@ -270,7 +273,7 @@ struct ForwardMainloop {
     q_full.arrive();
   }
 
-  // Consumer warpgroup `consumer` (thread_idx in [0, 256) over both consumers): accumulates the
+  // Consumer warpgroup `consumer` (thread_idx in [0, 128 x consumers) over all consumers): accumulates the
   // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`, over the
   // key tiles `blocks` (not empty). `q_phase` is the phase of q_full that this tile's Q completes;
   // `k_read` is the next K/V stage to read and is left past this tile's key tiles. `q_read_done()`

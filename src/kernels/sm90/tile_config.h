@@ -5,10 +5,10 @@
 namespace flashhop::sm90 {
 
 struct ForwardTileConfig {
-  int block_m;  // query rows per CTA: two consumer warpgroups x 64 rows (one wgmma M atom each)
+  int block_m;  // query rows per CTA: 64 per consumer warpgroup (one wgmma M atom each), two or three of them
   int block_n;  // key rows per K/V stage: the N of S = Q K^T and the K of O = P V
   int stages;   // depth of the K and V shared-memory rings
-  bool mma_pingpong;  // order the two consumers' GEMM issue with named barriers (MmaScheduler)
+  bool mma_pingpong;  // order the consumers' GEMM issue round robin with named barriers (MmaScheduler)
   // Causal and local masks only: up to this many query tiles per head the tiles run persistently
   // (CausalScheduler), beyond it one CTA per tile.
   int causal_persistent_max_m_blocks;
@@ -29,10 +29,10 @@ inline constexpr int kCausalPersistentMaxMBlocks = 8;  // seqlen_q <= 1024 with 
 // sliding-window mask (LocalMask).
 constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
   if (head_dim <= 64) {
-    // smem: Q 16 KB + 2 x (K 24 KB + V 24 KB) = 112 KB. A wide N amortises the softmax over more
-    // keys per wgmma (H200, 16k non-causal: 480 TFLOP/s with N = 192, 446 with 128); causal keeps
-    // 128 so that fewer keys of the diagonal block are wasted.
-    return {128, local ? 128 : 192, 2, true, kCausalPersistentMaxMBlocks};
+    // Three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32 live
+    // floats): each K/V tile serves 1.5 times the rows of two, and each warpgroup's softmax has
+    // two others' GEMMs to hide behind. smem: Q 24 KB + 2 x (K 16 KB + V 16 KB) + O 24 KB = 112 KB.
+    return {192, 128, 2, true, kCausalPersistentMaxMBlocks};
   }
   if (head_dim <= 96) {
     // As d = 64, whose N = 192 the registers still allow: S 96 + P 48 + O 48 live floats.
