@@ -398,13 +398,14 @@ struct PackGqaCase {
   flashhop::PackGqa mode;
   int seqlen_q, heads_per_kv_head;
   bool packed;  // expected
+  int tile_rows = 128;
 };
 
 class ForwardParamsPackGqa : public ::testing::TestWithParam<PackGqaCase> {};
 
 TEST_P(ForwardParamsPackGqa, PacksWhenAskedOrWhenTilesFillBetter) {
   const PackGqaCase& c = GetParam();
-  EXPECT_EQ(flashhop::detail::use_pack_gqa(c.mode, c.seqlen_q, c.heads_per_kv_head), c.packed);
+  EXPECT_EQ(flashhop::detail::use_pack_gqa(c.mode, c.seqlen_q, c.heads_per_kv_head, c.tile_rows), c.packed);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -416,6 +417,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // Whole tiles either way: nothing to gain.
                       PackGqaCase{"full_tiles", flashhop::PackGqa::kAuto, 1024, 8, false},
                       PackGqaCase{"full_tiles_on", flashhop::PackGqa::kOn, 1024, 8, true},
+                      // In 192-row tiles 1024 rows fill 89%, 8192 packed rows 99%.
+                      PackGqaCase{"full_tiles_of_128_not_of_192", flashhop::PackGqa::kAuto, 1024, 8, true, 192},
                       // 65 rows fill 51% of their tiles, 260 packed rows 68%.
                       PackGqaCase{"half_tile", flashhop::PackGqa::kAuto, 65, 4, true},
                       // 1000 rows fill 98% of theirs: packing cannot gain 10%.

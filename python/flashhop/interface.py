@@ -24,7 +24,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     mask and the softmax; 0.0 is off.
     pack_gqa: with GQA / MQA (nheads > nheads_kv), whether the query heads that share a KV head are
     packed into the rows of one query tile, which pays for short seqlen_q (decoding). None lets the
-    library choose (it packs when that fills the 128-row query tiles better), True always packs,
+    library choose (it packs when that fills the query tiles better), True always packs,
     False never does; the result is the same attention either way.
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as

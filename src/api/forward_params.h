@@ -39,8 +39,9 @@ struct ForwardParams {
 };
 
 // Whether a call packs the query heads of a KV group into its query tiles (PackGqa): kAuto packs
-// when heads_per_kv_head > 1 and the packed rows fill 128-row query tiles better by more than 10%.
-bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head);
+// when heads_per_kv_head > 1 and the packed rows fill query tiles of tile_rows rows (the kernel's
+// block_m) better by more than 10%.
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows);
 
 // Flattens arguments that validate_forward() accepted.
 ForwardParams make_forward_params(const ForwardArgs& args);

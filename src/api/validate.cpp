@@ -11,6 +11,7 @@
 
 #include "api/forward_params.h"
 #include "flashhop/flashhop.h"
+#include "kernels/sm90/tile_config.h"
 
 namespace flashhop {
 namespace {
@@ -282,14 +283,13 @@ Status validate_forward(const ForwardArgs& args) {
 
 namespace detail {
 
-bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head) {
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows) {
   if (mode != PackGqa::kAuto) return mode == PackGqa::kOn;
   const std::int64_t packed = std::int64_t{seqlen_q} * heads_per_kv_head;
   if (heads_per_kv_head == 1 || packed > kMaxSeqlenSum) return false;
   // The fraction of a query tile's rows that hold queries, the last tile of each head counted.
-  const auto fill = [](std::int64_t rows) {
-    constexpr std::int64_t kTileRows = 128;
-    return static_cast<double>(rows) / static_cast<double>((rows + kTileRows - 1) / kTileRows * kTileRows);
+  const auto fill = [tile_rows](std::int64_t rows) {
+    return static_cast<double>(rows) / static_cast<double>((rows + tile_rows - 1) / tile_rows * tile_rows);
   };
   return fill(seqlen_q) < 0.9 * fill(packed);
 }
@@ -341,7 +341,8 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
   params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
-  params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv);
+  params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
+                                 sm90::forward_tile_config(params.head_dim, params.local).block_m);
   params.device = args.q.device;
   return params;
 }

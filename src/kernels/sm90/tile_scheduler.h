@@ -1,5 +1,5 @@
-// Tile schedulers of the sm90 forward kernel. A work tile is one 128-row query tile of one head of
-// one batch entry. The kernel walks its tiles as
+// Tile schedulers of the sm90 forward kernel. A work tile is one query tile (block_m rows) of one
+// head of one batch entry. The kernel walks its tiles as
 //   for (index = first_tile(); index < params.num_tiles; index = next_tile(params, index)) ...
 #pragma once
 
