@@ -379,8 +379,8 @@ struct ForwardMainloop {
     };
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
     // tiles, then the tiles cut by its left edge. Without a band, a loop per kind (H200, d = 128,
-    // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without), and a pair of loops per
-    // soft-capping choice, so that the unmasked loop holds no code it skips. With a band, a single
+    // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without), and, up to d = 128, a pair
+    // of loops per soft-capping choice, so that the unmasked loop holds no code it skips. With a band, a single
     // loop with uniform branches: a loop per kind inlines the masked step twice, which made ptxas
     // spill at d >= 192.
     if constexpr (Mask::kIsLocal) {
@@ -398,7 +398,11 @@ struct ForwardMainloop {
         }
         for (; n_block >= blocks.begin; --n_block) step(n_block, false_type{}, softcap);
       };
-      if (params.softcap) {
+      // At d >= 192 the four loops left O's accumulator in local memory (d = 256: a 992-byte stack
+      // frame, 40 TFLOP/s non-causal), so one loop pair with the uniform branch there.
+      if constexpr (kHeadDim > 128) {
+        walk(params.softcap);
+      } else if (params.softcap) {
         walk(true_type{});
       } else {
         walk(false_type{});
