@@ -10,7 +10,8 @@ inline constexpr int kThreadsPerWarpGroup = 128;
 
 // Warpgroup 0 is the producer (TMA issue); warpgroups 1 .. kConsumers each own 64 query rows.
 // setmaxnreg budgets: the producer only computes addresses; the consumers hold S, P and O.
-// Two consumers: 128 x (24 + 2 x 240) = 64512 registers of the SM's 65536; three: 128 x (24 + 3 x 160).
+// Two consumers: 128 x (24 + 2 x 240) = 64512 of the SM's 65536 registers;
+// three: 128 x (24 + 3 x 160), as many.
 template <int kConsumers_>
 struct WarpGroups {
   static constexpr int kConsumers = kConsumers_;

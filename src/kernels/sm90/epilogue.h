@@ -73,9 +73,9 @@ struct ForwardEpilogue {
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the
-  // tile head (query_rows.h). thread_idx in [0, 128 x consumers) over all consumer warpgroups. In Q's buffer
-  // (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`, one arrival per
-  // warpgroup, to load the next tile's Q there.
+  // tile head (query_rows.h). thread_idx in [0, 128 x consumers) over all consumer warpgroups. In
+  // Q's buffer (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`, one
+  // arrival per warpgroup, to load the next tile's Q there.
   template <class OAccum, class RowValues>
   static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
                                    RowValues const& lse, int thread_idx, int m_block, int head, int batch,

@@ -1,7 +1,7 @@
 // Mainloop of the sm90 forward kernel: the producer half (TMA loads of Q once and of K/V tiles into
 // a ring of shared-memory stages) and the consumer half (S = Q K^T and O += P V by wgmma, with the
-// online softmax in between). One CTA computes one query tile (64 rows per consumer warpgroup) of one head at a time
-// (with kPackGqa, of one KV head's group of query heads: query_rows.h).
+// online softmax in between). One CTA computes one query tile (64 rows per consumer warpgroup) of
+// one head at a time (with kPackGqa, of one KV head's group of query heads: query_rows.h).
 // Q and K have head dim d (kHeadDim), V and O head dim dv (kHeadDimV).
 #pragma once
 
@@ -273,11 +273,12 @@ struct ForwardMainloop {
     q_full.arrive();
   }
 
-  // Consumer warpgroup `consumer` (thread_idx in [0, 128 x consumers) over all consumers): accumulates the
-  // unnormalised O of its 64 rows into `o_accum` and the row statistics into `softmax`, over the
-  // key tiles `blocks` (not empty). `q_phase` is the phase of q_full that this tile's Q completes;
-  // `k_read` is the next K/V stage to read and is left past this tile's key tiles. `q_read_done()`
-  // is called once this warpgroup's last S GEMM has retired, i.e. it no longer reads Q.
+  // Consumer warpgroup `consumer` (thread_idx in [0, 128 x consumers) over all consumers):
+  // accumulates the unnormalised O of its 64 rows into `o_accum` and the row statistics into
+  // `softmax`, over the key tiles `blocks` (not empty). `q_phase` is the phase of q_full that this
+  // tile's Q completes; `k_read` is the next K/V stage to read and is left past this tile's key
+  // tiles. `q_read_done()` is called once this warpgroup's last S GEMM has retired, i.e. it no
+  // longer reads Q.
   //
   // Intra-warpgroup overlap: S of key tile n is issued before P V of key tile n + 1, so the softmax
   // of tile n runs while the tensor cores do P V; the rescale of O that this softmax owes is paid
@@ -380,9 +381,9 @@ struct ForwardMainloop {
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
     // tiles, then the tiles cut by its left edge. Without a band, a loop per kind (H200, d = 128,
     // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without), and, up to d = 128, a pair
-    // of loops per soft-capping choice, so that the unmasked loop holds no code it skips. With a band, a single
-    // loop with uniform branches: a loop per kind inlines the masked step twice, which made ptxas
-    // spill at d >= 192.
+    // of loops per soft-capping choice, so that the unmasked loop holds no code it skips. With a
+    // band, a single loop with uniform branches: a loop per kind inlines the masked step twice,
+    // which made ptxas spill at d >= 192.
     if constexpr (Mask::kIsLocal) {
       for (--n_block; n_block >= blocks.begin; --n_block) {
         if (needs_mask(n_block)) {

@@ -5,7 +5,7 @@
 namespace flashhop::sm90 {
 
 struct ForwardTileConfig {
-  int block_m;  // query rows per CTA: 64 per consumer warpgroup (one wgmma M atom each), two or three of them
+  int block_m;  // query rows per CTA: 64 (one wgmma M atom) per consumer warpgroup, of two or three
   int block_n;  // key rows per K/V stage: the N of S = Q K^T and the K of O = P V
   int stages;   // depth of the K and V shared-memory rings
   bool mma_pingpong;  // order the consumers' GEMM issue round robin with named barriers (MmaScheduler)
@@ -23,10 +23,11 @@ inline constexpr int kCausalPersistentMaxMBlocks = 8;  // seqlen_q <= 1024 with 
 // 228 KB of shared memory per SM, of which one CTA may use 227 KB. The CTA holds Q (block_m x d),
 // `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
 // of its own where it fits, else it reuses Q's.
-// Registers per consumer thread (after setmaxnreg: 240 with two consumer warpgroups, 160 with three): S = block_n / 2 floats, O = dv / 2 floats,
-// P = block_n / 4 packed registers, plus the next S while softmax of the current one runs.
-// The tiles depend on d alone (d = 192 serves dv = 192 and 128); `local`: a causal or
-// sliding-window mask (LocalMask).
+// Registers per consumer thread (after setmaxnreg: 240 with two consumer warpgroups, 160 with
+// three): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed registers, plus the
+// next S while softmax of the current one runs.
+// The tiles depend on d and the mask kind alone (d = 192 serves dv = 192 and 128); `local`: a
+// causal or sliding-window mask (LocalMask).
 constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
