@@ -337,8 +337,8 @@ std::vector<GridCase> pack_gqa_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): decoding (one query, MQA and GQA), a few queries
   // per group, group sizes 3 and 12 that do not divide the 128-row tile and 7 that divides neither it
   // nor the 192-row tile (packed rows of one query straddle tiles), one head per group (g = 1), no
-  // keys, and a grid of 4 x 2 x 19 = 152 packed tiles,
-  // more than an H200's 132 SMs, so that persistent CTAs walk several and hand Q's buffer over.
+  // keys, and a grid of 4 x 2 x 19 = 152 packed tiles, more than an H200's 132 SMs, so that
+  // persistent CTAs walk several and hand Q's buffer over.
   const std::vector<Problem> shapes = {
       {2, 1, 1000, 8, 1}, {2, 5, 333, 12, 3}, {1, 113, 257, 6, 2}, {3, 40, 700, 24, 2},
       {1, 64, 64, 4, 4},  {1, 3, 0, 4, 2},    {4, 300, 500, 16, 2}, {2, 37, 300, 14, 2},

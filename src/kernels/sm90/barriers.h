@@ -7,6 +7,7 @@
 namespace flashhop::sm90 {
 
 inline constexpr int kThreadsPerWarpGroup = 128;
+inline constexpr int kMaxConsumerWarpGroups = 3;  // the named-barrier ids below are laid out for this many
 
 // Warpgroup 0 is the producer (TMA issue); warpgroups 1 .. kConsumers each own 64 query rows.
 // setmaxnreg budgets: the producer only computes addresses; the consumers hold S, P and O.
@@ -15,7 +16,7 @@ inline constexpr int kThreadsPerWarpGroup = 128;
 template <int kConsumers_>
 struct WarpGroups {
   static constexpr int kConsumers = kConsumers_;
-  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumerWarpGroups, "two or three consumer warpgroups");
   static constexpr int kConsumerThreads = kConsumers * kThreadsPerWarpGroup;
   static constexpr int kThreads = (1 + kConsumers) * kThreadsPerWarpGroup;
   static constexpr int kProducerRegisters = 24;
@@ -26,7 +27,6 @@ struct WarpGroups {
 // Named barriers (ids above CUTLASS's reserved ones, offset by cutlass::arch::NamedBarrier): per
 // consumer warpgroup c, one around its epilogue's use of its rows of the O buffer and their store,
 // and one that lets it issue its next GEMMs (MmaScheduler).
-inline constexpr int kMaxConsumerWarpGroups = 3;
 CUTLASS_DEVICE unsigned epilogue_barrier(int consumer) { return static_cast<unsigned>(consumer); }
 CUTLASS_DEVICE unsigned mma_turn_barrier(int consumer) {
   return static_cast<unsigned>(kMaxConsumerWarpGroups + consumer);
