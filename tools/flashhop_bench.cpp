@@ -101,6 +101,8 @@ void print_usage(std::FILE* out) {
       "  --sweep gqa       bf16, d = 128, 32 query / 8 KV heads, each with --pack-gqa on and off:\n"
       "                    decode (seqlen_q 1) batch 64 x seqlen_k 32768 and batch 8 x 8192; seqlen_q\n"
       "                    16 and 128, seqlen_k 8192, batch 8, causal no/yes\n"
+      "                    With a sweep, --head-dim N and --causal keep only its configurations with\n"
+      "                    that head dim, or causal ones\n"
       "Other:\n"
       "  --check           compare O and LSE with the CPU double-precision reference\n"
       "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
@@ -193,6 +195,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
   Options options;
   Config config;
   std::optional<int> seqlen, seqlen_q, seqlen_k, nheads_kv, head_dim_v;
+  bool head_dim_given = false;
   bool seed_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
@@ -237,6 +240,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
       nheads_kv = number;
     } else if (flag == "--head-dim") {
       if (!positive_int(&config.head_dim)) return std::nullopt;
+      head_dim_given = true;
     } else if (flag == "--head-dim-v") {
       if (!positive_int(&number)) return std::nullopt;
       head_dim_v = number;
@@ -317,6 +321,11 @@ std::optional<Options> parse_options(int argc, char** argv) {
     options.configs = options.sweep == "peers"      ? peers_sweep()
                       : options.sweep == "features" ? features_sweep()
                                                     : gqa_sweep();
+    const auto unselected = [&](const Config& c) {
+      return (head_dim_given && c.head_dim != config.head_dim) || (config.causal && !c.causal);
+    };
+    options.configs.erase(std::remove_if(options.configs.begin(), options.configs.end(), unselected),
+                          options.configs.end());
   }
   if (!seed_given) options.seed = (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
   return options;
