@@ -1,5 +1,5 @@
 // Host tests of the tile schedulers' order. Causal: every (query tile, head, batch) exactly once,
-// whatever the CTA count; one CTA per tile runs head by head, longest first; persistent CTAs take a
+// whatever the CTA count; the queue runs head by head, longest first; the static snake takes a
 // head group's tiles before the next group's, longest (last query tile) first within a group;
 // groups are whole rounds sized to half the L2.
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@ using flashhop::sm90::ForwardTile;
 
 struct ScheduleCase {
   int num_m_blocks, nheads, batch;
-  bool persistent;
+  bool queue;
   int64_t kv_bytes_per_head, l2_bytes;
   int num_sms;
 };
@@ -33,7 +33,13 @@ int64_t ctas_of(CausalScheduler::Params const& params, int num_sms) {
   return CausalScheduler::grid(params, num_sms).x;
 }
 
-// The persistent tile of rank `rank`: the snake order's launch index of that rank.
+// The queue's counter, which only the device dereferences.
+int* counter_of(bool queue) {
+  static int counter = 0;
+  return queue ? &counter : nullptr;
+}
+
+// The snake's tile of rank `rank`: the snake order's launch index of that rank.
 ForwardTile tile_of_rank(CausalScheduler::Params const& params, int64_t rank, int64_t ctas) {
   int64_t const round = rank / ctas;
   int64_t position = rank % ctas;
@@ -44,8 +50,8 @@ ForwardTile tile_of_rank(CausalScheduler::Params const& params, int64_t rank, in
 TEST_P(CausalSchedule, VisitsEveryTileOnce) {
   ScheduleCase const c = GetParam();
   CausalScheduler::Params const params =
-      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, c.persistent, c.kv_bytes_per_head, c.num_sms,
-                                 c.l2_bytes);
+      CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, counter_of(c.queue), c.kv_bytes_per_head,
+                                 c.num_sms, c.l2_bytes);
   ASSERT_EQ(params.num_tiles, int64_t(c.num_m_blocks) * c.nheads * c.batch);
   std::set<std::tuple<int, int, int>> seen;
   for (int64_t index = 0; index < params.num_tiles; ++index) {
@@ -62,12 +68,12 @@ TEST_P(CausalSchedule, VisitsEveryTileOnce) {
   EXPECT_EQ(int64_t(seen.size()), params.num_tiles);
 }
 
-// One CTA per tile: block indices run over one head's query tiles, the last first, then the next head.
-TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
+// The queue: indices run over one head's query tiles, the last first, then the next head.
+TEST_P(CausalSchedule, QueueRunsHeadByHeadLongestFirst) {
   ScheduleCase const c = GetParam();
-  CausalScheduler::Params const params = CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, false,
-                                                                    c.kv_bytes_per_head, c.num_sms, c.l2_bytes);
-  EXPECT_EQ(ctas_of(params, c.num_sms), params.num_tiles);
+  CausalScheduler::Params const params = CausalScheduler::to_params(
+      c.num_m_blocks, c.nheads, c.batch, counter_of(true), c.kv_bytes_per_head, c.num_sms, c.l2_bytes);
+  EXPECT_EQ(ctas_of(params, c.num_sms), std::min<int64_t>(params.num_tiles, c.num_sms));
   for (int64_t index = 0; index < params.num_tiles; ++index) {
     ForwardTile const t = CausalScheduler::tile(params, index);
     EXPECT_EQ(t.m_block, c.num_m_blocks - 1 - index % c.num_m_blocks) << "index " << index;
@@ -75,10 +81,10 @@ TEST_P(CausalSchedule, OneCtaPerTileRunsHeadByHeadLongestFirst) {
   }
 }
 
-TEST_P(CausalSchedule, PersistentGroupsFitHalfTheL2AndRunLongestFirst) {
+TEST_P(CausalSchedule, SnakeGroupsFitHalfTheL2AndRunLongestFirst) {
   ScheduleCase const c = GetParam();
-  CausalScheduler::Params const params = CausalScheduler::to_params(c.num_m_blocks, c.nheads, c.batch, true,
-                                                                    c.kv_bytes_per_head, c.num_sms, c.l2_bytes);
+  CausalScheduler::Params const params = CausalScheduler::to_params(
+      c.num_m_blocks, c.nheads, c.batch, counter_of(false), c.kv_bytes_per_head, c.num_sms, c.l2_bytes);
   int64_t const heads_batch = int64_t(c.nheads) * c.batch;
   int64_t const ctas = ctas_of(params, c.num_sms);
   EXPECT_EQ(ctas, std::min<int64_t>(params.num_tiles, c.num_sms));
@@ -125,12 +131,12 @@ constexpr int kSms = 132;
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CausalSchedule,
-    ::testing::Values(ScheduleCase{4, 16, 32, true, 512 * 256 * 2, kL2, kSms},    // d 128, 512: 99-head groups
-                      ScheduleCase{8, 32, 16, true, 1024 * 256, kL2, kSms},       // d 64, 1k: 99-head groups
-                      ScheduleCase{32, 8, 4, true, 4096 * 1024, kL2, kSms},       // d 256, 4k: 33 heads exceed L2
-                      ScheduleCase{5, 3, 7, true, 1 << 30, kL2, kSms},            // K/V above L2
-                      ScheduleCase{3, 2, 1, true, 1000, kL2, kSms},               // fewer tiles than CTAs
-                      ScheduleCase{7, 5, 31, true, 1 << 20, 64 << 20, 16},        // 32-head groups, the last partial
-                      ScheduleCase{32, 16, 4, false, 4096 * 256, kL2, kSms}));    // one CTA per tile
+    ::testing::Values(ScheduleCase{4, 16, 32, false, 512 * 256 * 2, kL2, kSms},    // d 128, 512: 99-head groups
+                      ScheduleCase{8, 32, 16, false, 1024 * 256, kL2, kSms},       // d 64, 1k: 99-head groups
+                      ScheduleCase{32, 8, 4, false, 4096 * 1024, kL2, kSms},       // d 256, 4k: 33 heads exceed L2
+                      ScheduleCase{5, 3, 7, false, 1 << 30, kL2, kSms},            // K/V above L2
+                      ScheduleCase{3, 2, 1, false, 1000, kL2, kSms},               // fewer tiles than CTAs
+                      ScheduleCase{7, 5, 31, false, 1 << 20, 64 << 20, 16},        // 32-head groups, the last partial
+                      ScheduleCase{32, 16, 4, true, 4096 * 256, kL2, kSms}));     // the queue
 
 }  // namespace

@@ -35,9 +35,13 @@ struct ForwardKernel {
     cutlass::arch::ClusterBarrier q_free;             // Q's buffer may be refilled
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
+    TileRing tiles;                                   // the queue's tile indices, with a queue
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static constexpr int kThreads = Mainloop::Roles::kThreads;
+  // The roles that walk the tiles besides producer thread 0: every consumer thread, and the lanes
+  // of the warp that gathers packed Q.
+  static constexpr int kTileReaders = Mainloop::Roles::kConsumerThreads + (Mainloop::kPackGqa ? 32 : 0);
   static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
 
   struct Params {
@@ -64,11 +68,12 @@ struct ForwardKernel {
                                                           int64_t l2_bytes) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
-      bool const persistent = num_m_blocks(p) <= Mainloop::kTile.causal_persistent_max_m_blocks;
+      int* const tile_counter = p.tile_queue ? static_cast<int*>(p.workspace) : nullptr;
       // Unpacked, the g query heads of a KV group are consecutive tile heads sharing one K/V.
       int64_t const kv_bytes = int64_t(p.seqlen_k) * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
       int64_t const kv_bytes_per_head = Mainloop::kPackGqa ? kv_bytes : kv_bytes / (p.nheads / p.nheads_kv);
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, persistent, kv_bytes_per_head, num_sms, l2_bytes);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, tile_counter, kv_bytes_per_head, num_sms,
+                                  l2_bytes);
     } else {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
     }
@@ -77,6 +82,36 @@ struct ForwardKernel {
   static int num_m_blocks(detail::ForwardParams const& p) {
     int const rows = Mainloop::Rows::make(p.seqlen_q, p.nheads, p.nheads_kv).rows;
     return (rows + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
+  }
+
+  // Calls visit(index, next) for each of the CTA's tiles in order; `next` is the index of the tile
+  // after (num_tiles or more after the last). With a queue, producer thread 0 (`taker`) takes each
+  // next index as it starts a tile and hands it to the other roles through `ring`.
+  template <class Visit>
+  static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
+                                        Visit const& visit) {
+    int index = Scheduler::first_tile();
+    if constexpr (Mask::kIsLocal) {
+      if (scheduler.tile_counter != nullptr) {
+        for (int t = 0; index < scheduler.num_tiles; ++t) {
+          int next;
+          if (taker) {
+            next = Scheduler::take_next_tile(scheduler);
+            ring.publish(t, next);
+          } else {
+            next = ring.take(t);
+          }
+          visit(index, next);
+          index = next;
+        }
+        return;
+      }
+    }
+    while (index < scheduler.num_tiles) {
+      int const next = Scheduler::next_tile(scheduler, index);
+      visit(index, next);
+      index = next;
+    }
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
@@ -88,9 +123,8 @@ struct ForwardKernel {
       return Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
-    auto const next_tile_loads = [&](int index) {
-      int const next = Scheduler::next_tile(params.scheduler, index);
-      return next < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, next)).empty();
+    auto const tile_loads = [&](int index) {
+      return index < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, index)).empty();
     };
 
     // q_free is arrived by one thread of each consumer warpgroup: once its rows of O have been
@@ -98,6 +132,7 @@ struct ForwardKernel {
     if (threadIdx.x == 0) {
       shared.q_full.init(Mainloop::kQFullArrivals);
       shared.q_free.init(Roles::kConsumers);
+      if constexpr (Mask::kIsLocal) shared.tiles.init(kTileReaders);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
       typename Pipeline::Params ring;
@@ -119,28 +154,28 @@ struct ForwardKernel {
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
       // Calls load(tile, blocks, wait_q_free) for each of the CTA's tiles that loads anything.
-      auto const for_each_loading_tile = [&](auto const& load) {
+      auto const for_each_loading_tile = [&](bool taker, auto const& load) {
         int q_free_phase = 0;
         bool first = true;
-        for (int index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
-             index = Scheduler::next_tile(params.scheduler, index), first = false) {
+        walk_tiles(params.scheduler, shared.tiles, taker, [&](int index, int) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(tile);
-          if (blocks.empty()) continue;
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
           auto const wait_q_free = [&] {
             if (first) return;
             shared.q_free.wait(q_free_phase);
             q_free_phase ^= 1;
           };
-          load(tile, blocks, wait_q_free);
-        }
+          if (!blocks.empty()) load(tile, blocks, wait_q_free);
+          first = false;
+        });
       };
       // Thread 0 issues the TMA loads of K and V (and of Q unless packed); warp 1 gathers packed Q.
       if (threadIdx.x == 0) {
         Mainloop::prefetch_tma_descriptors(params.mainloop);
         typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-        for_each_loading_tile([&](ForwardTile const& tile, KeyBlocks const& blocks, auto const& wait_q_free) {
+        for_each_loading_tile(/*taker=*/true, [&](ForwardTile const& tile, KeyBlocks const& blocks,
+                                                  auto const& wait_q_free) {
           Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
                          tile.head, tile.batch, blocks, wait_q_free);
         });
@@ -148,7 +183,8 @@ struct ForwardKernel {
       if constexpr (Mainloop::kPackGqa) {
         if (cutlass::canonical_warp_idx_sync() == 1) {
           int const lane = threadIdx.x % 32;
-          for_each_loading_tile([&](ForwardTile const& tile, KeyBlocks const&, auto const& wait_q_free) {
+          for_each_loading_tile(/*taker=*/false, [&](ForwardTile const& tile, KeyBlocks const&,
+                                                     auto const& wait_q_free) {
             wait_q_free();
             Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile.m_block, tile.head,
                                     tile.batch, lane);
@@ -162,11 +198,10 @@ struct ForwardKernel {
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
-      for (int index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
-           index = Scheduler::next_tile(params.scheduler, index)) {
+      walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, [&](int index, int next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(tile);
-        bool const release_q = next_tile_loads(index);
+        bool const release_q = tile_loads(next);
         // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
         // tile loads nothing).
         auto const q_read_done = [&] {
@@ -194,7 +229,7 @@ struct ForwardKernel {
         }();
         Epilogue::store(params.epilogue, smem_o, o_accum, lse, thread_idx, tile.m_block, tile.head, tile.batch,
                         shared.q_free, release_q);
-      }
+      });
       Mainloop::MmaTurns::finish(consumer);
       Epilogue::finish(thread_idx);
     }

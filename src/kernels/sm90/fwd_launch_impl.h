@@ -27,6 +27,11 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
   }
+  if (p.tile_queue) {
+    // The queue hands out indices from gridDim.x on: its counter starts at zero in every call.
+    err = cudaMemsetAsync(p.workspace, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaMemsetAsync: ") + cudaGetErrorString(err)};
+  }
   kernel<<<Scheduler::grid(params.scheduler, num_sms), Kernel::kThreads, Kernel::kSharedBytes, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) {

@@ -1,6 +1,7 @@
 // Tile schedulers of the sm90 forward kernel. A work tile is one query tile (block_m rows) of one
-// head of one batch entry. The kernel walks its tiles as
-//   for (index = first_tile(); index < params.num_tiles; index = next_tile(params, index)) ...
+// head of one batch entry. Each CTA walks a sequence of tile indices, from first_tile() while the
+// index is below num_tiles: statically strided (next_tile), or taken from a queue in global memory
+// and handed to the CTA's roles through a TileRing (CausalScheduler with `queue`).
 #pragma once
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <numeric>
 
 #include <cuda_runtime_api.h>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/fast_math.h>
 
@@ -53,10 +55,15 @@ struct StaticPersistentScheduler {
 
 // Causal tiles differ in cost (the last query tiles see the most keys), and static striding by the
 // SM count in query-tile order deals some CTAs mostly long tiles (H200, bf16, 16k, d = 128: 457
-// TFLOP/s against 637 with one CTA per tile). Two modes, chosen per call:
-//  - one CTA per tile, longest first within each head: the hardware hands CTAs to SMs as they free
-//    up, which balances the tiles, and the CTAs resident together share one head's K/V in L2;
-//  - persistent, for short sequences where per-CTA start-up and epilogue dominate: all tiles ranked
+// TFLOP/s against 637 with one CTA per tile). Two modes, both persistent (one CTA per SM), chosen
+// per call (ForwardParams::tile_queue):
+//  - a queue, for long sequences: the tiles in launch order, head by head and longest first within
+//    each head, each CTA taking its next index from a counter in global memory (`tile_counter`,
+//    zeroed before the launch) as it starts a tile, which balances the tiles; the CTAs working at
+//    the same time share one head's K/V in L2. Against one CTA per tile (which balances alike
+//    through the hardware's block dispatch), each CTA's later tiles load while its earlier ones
+//    end, and no CTA start-up is paid per tile;
+//  - a static snake, for short sequences (measured faster there than one CTA per tile, tile_config.h): all tiles ranked
 //    by cost (query tile from the last, then head and batch), dealt to the CTAs round by round in a
 //    snake order (CTA c takes rank c in even rounds and rank G - 1 - c in odd ones), so that a CTA
 //    that took a long tile in one round takes a short one in the next. Where it can, the ranking
@@ -68,21 +75,22 @@ struct StaticPersistentScheduler {
 struct CausalScheduler {
   struct Params {
     int num_tiles, heads_batch;
-    bool persistent;
+    int* tile_counter;  // the queue's next index minus gridDim.x, or null for the static snake
     cutlass::FastDivmod m_blocks;        // divides by the query tiles per head
     cutlass::FastDivmod heads;           // divides by nheads
     cutlass::FastDivmod ctas;            // divides by the CTA count (grid size)
     cutlass::FastDivmod group_tiles;     // divides by the tiles of a full group
-    cutlass::FastDivmod full_group;      // divides by a full group's (head, batch) pairs (persistent)
+    cutlass::FastDivmod full_group;      // divides by a full group's (head, batch) pairs (snake)
     cutlass::FastDivmod last_group;      // divides by the last group's (head, batch) pairs
   };
 
   // kv_bytes_per_head: the K and V bytes one tile head reads (its share, where heads share K/V).
-  static Params to_params(int num_m_blocks, int nheads, int batch, bool persistent, int64_t kv_bytes_per_head,
+  // tile_counter: the queue's counter (4 bytes of workspace, zero at launch), or null.
+  static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int64_t kv_bytes_per_head,
                           int num_sms, int64_t l2_bytes) {
     int const heads_batch = nheads * batch;
     int const num_tiles = heads_batch * num_m_blocks;
-    int const ctas = persistent ? std::min(num_tiles, num_sms) : num_tiles;
+    int const ctas = std::min(num_tiles, num_sms);
     // The fewest heads whose tiles fill whole rounds: lcm(ctas, num_m_blocks) / num_m_blocks.
     int const round_heads = ctas / std::gcd(ctas, num_m_blocks);
     int64_t const fit = l2_bytes / 2 / std::max<int64_t>(kv_bytes_per_head, 1);
@@ -92,7 +100,7 @@ struct CausalScheduler {
     int const last_group_heads = heads_batch - (heads_batch - 1) / group_heads * group_heads;
     return {num_tiles,
             heads_batch,
-            persistent,
+            tile_counter,
             cutlass::FastDivmod(num_m_blocks),
             cutlass::FastDivmod(nheads),
             cutlass::FastDivmod(ctas),
@@ -102,14 +110,16 @@ struct CausalScheduler {
   }
   static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas.divisor)); }
   static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int next_tile(Params const& params, int index) {
-    return params.persistent ? index + params.ctas.divisor : params.num_tiles;
+  // The static snake's stride; the queue's next index is taken with take_next_tile.
+  static CUTLASS_DEVICE int next_tile(Params const& params, int index) { return index + params.ctas.divisor; }
+  static CUTLASS_DEVICE int take_next_tile(Params const& params) {
+    return params.ctas.divisor + atomicAdd(params.tile_counter, 1);
   }
 
-  // The tile of launch index `index` (the block index, or a persistent CTA's walk).
+  // The tile of index `index` in the CTA's walk.
   static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
     int batch, head;
-    if (!params.persistent) {
+    if (params.tile_counter != nullptr) {
       int head_batch, m;
       params.m_blocks(head_batch, m, index);
       params.heads(batch, head, head_batch);
@@ -129,6 +139,41 @@ struct CausalScheduler {
     (last ? params.last_group : params.full_group)(rank_m, in_group_head, in_group);
     params.heads(batch, head, first_head_batch + in_group_head);
     return {params.m_blocks.divisor - 1 - rank_m, head, batch};
+  }
+};
+
+// Hands the queue's tile indices from the thread that takes them (producer thread 0) to the CTA's
+// other roles. Slot t % 2 holds the index of the tile after the CTA's t-th tile (t from 0), written
+// as the taker starts the t-th tile, so it is there long before the readers end that tile, which is
+// when they need it. `full` completes once the index is written (one arrival), `empty` once every
+// reader has read it; the taker reuses a slot once the readers emptied it.
+struct TileRing {
+  static constexpr int kSlots = 2;
+  int next[kSlots];
+  cutlass::arch::ClusterBarrier full[kSlots];
+  cutlass::arch::ClusterBarrier empty[kSlots];
+
+  // One thread, before the CTA synchronises; `readers`: the threads that take every index.
+  CUTLASS_DEVICE void init(int readers) {
+    for (int slot = 0; slot < kSlots; ++slot) {
+      full[slot].init(1);
+      empty[slot].init(readers);
+    }
+  }
+  // The accesses to `next` are volatile so that they stay between the barrier instructions (asm
+  // volatile statements, which declare no memory effects); the barriers order them across threads.
+  CUTLASS_DEVICE void publish(int t, int index) {
+    int const slot = t % kSlots, use = t / kSlots;
+    if (use > 0) empty[slot].wait((use - 1) % 2);
+    *static_cast<int volatile*>(&next[slot]) = index;
+    full[slot].arrive();
+  }
+  CUTLASS_DEVICE int take(int t) {
+    int const slot = t % kSlots, use = t / kSlots;
+    full[slot].wait(use % 2);
+    int const index = *static_cast<int volatile*>(&next[slot]);
+    empty[slot].arrive();
+    return index;
   }
 };
 
