@@ -90,25 +90,19 @@ struct ForwardKernel {
   template <class Visit>
   static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
                                         Visit const& visit) {
-    int index = Scheduler::first_tile();
-    if constexpr (Mask::kIsLocal) {
-      if (scheduler.tile_counter != nullptr) {
-        for (int t = 0; index < scheduler.num_tiles; ++t) {
-          int next;
+    // One call site of `visit`: it inlines the role's whole tile, and two copies made ptxas spill.
+    for (int index = Scheduler::first_tile(), t = 0; index < scheduler.num_tiles; ++t) {
+      int next = Scheduler::next_tile(scheduler, index);
+      if constexpr (Mask::kIsLocal) {
+        if (scheduler.tile_counter != nullptr) {
           if (taker) {
             next = Scheduler::take_next_tile(scheduler);
             ring.publish(t, next);
           } else {
             next = ring.take(t);
           }
-          visit(index, next);
-          index = next;
         }
-        return;
       }
-    }
-    while (index < scheduler.num_tiles) {
-      int const next = Scheduler::next_tile(scheduler, index);
       visit(index, next);
       index = next;
     }
