@@ -84,27 +84,35 @@ struct ForwardKernel {
     return (rows + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
   }
 
-  // Calls visit(index, next) for each of the CTA's tiles in order; `next` is the index of the tile
-  // after (num_tiles or more after the last). With a queue, producer thread 0 (`taker`) takes each
-  // next index as it starts a tile and hands it to the other roles through `ring`.
+  // Calls visit(index, take_next) for each of the CTA's tiles in order; take_next() returns the index
+  // of the tile after (num_tiles or more after the last), the same on every call. With a queue,
+  // producer thread 0 (`taker`) takes that index from the queue once it has issued the tile's loads,
+  // and the other roles get it through `ring`; a role calls take_next where it needs the index, and
+  // walk_tiles calls it after `visit` otherwise. Taking the next tile as late as that keeps the
+  // queue's order close to the order in which CTAs free up.
   template <class Visit>
   static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
                                         Visit const& visit) {
-    // One call site of `visit`: it inlines the role's whole tile, and two copies made ptxas spill.
     for (int index = Scheduler::first_tile(), t = 0; index < scheduler.num_tiles; ++t) {
-      int next = Scheduler::next_tile(scheduler, index);
-      if constexpr (Mask::kIsLocal) {
-        if (scheduler.tile_counter != nullptr) {
-          if (taker) {
-            next = Scheduler::take_next_tile(scheduler);
-            ring.publish(t, next);
-          } else {
-            next = ring.take(t);
+      int next = -1;
+      auto const take_next = [&] {
+        if (next >= 0) return next;
+        next = Scheduler::next_tile(scheduler, index);
+        if constexpr (Mask::kIsLocal) {
+          if (scheduler.tile_counter != nullptr) {
+            if (taker) {
+              next = Scheduler::take_next_tile(scheduler);
+              ring.publish(t, next);
+            } else {
+              next = ring.take(t);
+            }
           }
         }
-      }
-      visit(index, next);
-      index = next;
+        return next;
+      };
+      // One call site of `visit`: it inlines the role's whole tile, and two copies made ptxas spill.
+      visit(index, take_next);
+      index = take_next();
     }
   }
 
@@ -151,7 +159,7 @@ struct ForwardKernel {
       auto const for_each_loading_tile = [&](bool taker, auto const& load) {
         int q_free_phase = 0;
         bool first = true;
-        walk_tiles(params.scheduler, shared.tiles, taker, [&](int index, int) {
+        walk_tiles(params.scheduler, shared.tiles, taker, [&](int index, auto const&) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(tile);
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
@@ -192,13 +200,16 @@ struct ForwardKernel {
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
-      walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, [&](int index, int next) {
+      walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, [&](int index, auto const& take_next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(tile);
-        bool const release_q = tile_loads(next);
+        // Set once this warpgroup no longer reads Q: the next tile loads, so the producer waits for
+        // this tile to release Q's buffer (q_free).
+        bool release_q = false;
         // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
         // tile loads nothing).
         auto const q_read_done = [&] {
+          release_q = tile_loads(take_next());
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
         typename Mainloop::TiledMmaPV mma_pv;

@@ -59,7 +59,7 @@ struct StaticPersistentScheduler {
 // per call (ForwardParams::tile_queue):
 //  - a queue, for long sequences: the tiles in launch order, head by head and longest first within
 //    each head, each CTA taking its next index from a counter in global memory (`tile_counter`,
-//    zeroed before the launch) as it starts a tile, which balances the tiles; the CTAs working at
+//    zeroed before the launch) as it nears the end of a tile, which balances the tiles; the CTAs working at
 //    the same time share one head's K/V in L2. Against one CTA per tile (which balances alike
 //    through the hardware's block dispatch), each CTA's later tiles load while its earlier ones
 //    end, and no CTA start-up is paid per tile;
@@ -144,9 +144,10 @@ struct CausalScheduler {
 
 // Hands the queue's tile indices from the thread that takes them (producer thread 0) to the CTA's
 // other roles. Slot t % 2 holds the index of the tile after the CTA's t-th tile (t from 0), written
-// as the taker starts the t-th tile, so it is there long before the readers end that tile, which is
-// when they need it. `full` completes once the index is written (one arrival), `empty` once every
-// reader has read it; the taker reuses a slot once the readers emptied it.
+// once the taker has issued the t-th tile's loads, a few key tiles before the consumers need it
+// (when their last S GEMM of that tile retires). `full` completes once the index is written (one
+// arrival), `empty` once every reader has read it; the taker reuses a slot once the readers emptied
+// it.
 struct TileRing {
   static constexpr int kSlots = 2;
   int next[kSlots];
