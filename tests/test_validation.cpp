@@ -220,7 +220,8 @@ TEST_P(ValidArguments, Accepted) {
   EXPECT_TRUE(status.ok()) << status.message;
   std::size_t bytes = 1;
   EXPECT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
-  EXPECT_EQ(bytes, 0u);
+  // A band's tiles run from a queue, whose counter takes 4 bytes.
+  EXPECT_EQ(bytes, flashhop::detail::make_forward_params(args).local ? 4u : 0u);
 }
 
 ForwardArgs with_problem(const Problem& problem) { return valid_args(DType::kBFloat16, problem); }
@@ -304,42 +305,33 @@ TEST(Validation, WorkspaceSizeNeedsAnOutputPointer) {
   EXPECT_NE(status.message.find("bytes"), std::string::npos) << status.message;
 }
 
-// Causal and window calls with more query tiles per head than the static snake takes (8 at d = 128)
-// run their tiles from a queue and ask for its 4-byte counter; forward() rejects a missing, short
-// or misaligned workspace before touching the device.
+// Causal and window calls run their tiles from a queue and ask for its 4-byte counter; forward()
+// rejects a missing, short or misaligned workspace before touching the device.
 TEST(Validation, TileQueueAsksForAWorkspace) {
-  const auto args_of = [](const Problem& problem, Masking masking, flashhop::PackGqa pack_gqa) {
+  const auto args_of = [](const Problem& problem, Masking masking) {
     const ForwardPlan plan = contiguous_plan(problem, DType::kBFloat16);
-    ForwardArgs args = bind_args(plan, fake_bases(plan), true, masking);
-    args.pack_gqa = pack_gqa;
-    return args;
+    return bind_args(plan, fake_bases(plan), true, masking);
   };
   const Masking causal{/*causal=*/true};
-  const Masking window{/*causal=*/false, /*window_left=*/256, /*window_right=*/256};
-  constexpr flashhop::PackGqa kOff = flashhop::PackGqa::kOff, kOn = flashhop::PackGqa::kOn;
   const struct {
     Problem problem;
     Masking masking;
-    flashhop::PackGqa pack_gqa;
     std::size_t bytes;
   } cases[] = {
-      {{1, 1024, 1024, 8, 8, 128}, causal, kOff, 0},     // 8 query tiles per head: the static snake
-      {{1, 1025, 1025, 8, 8, 128}, causal, kOff, 4},     // 9
-      {{1, 8192, 8192, 8, 8, 128}, Masking{}, kOff, 0},  // no mask
-      {{1, 8192, 8192, 8, 8, 128}, window, kOff, 4},
-      {{1, 1024, 1024, 16, 2, 128}, causal, kOff, 0},
-      {{1, 1024, 1024, 16, 2, 128}, causal, kOn, 4},  // 8 heads packed: 64 query tiles
-      {{1, 8192, 8192, 8, 8, 256}, causal, kOff, 0},  // the snake takes up to 64 at d = 256
-      {{1, 8193, 8193, 8, 8, 256}, causal, kOff, 4},
+      {{1, 1, 1, 8, 8, 128}, causal, 0},  // one query and one key: nothing to mask
+      {{1, 1024, 1024, 8, 8, 64}, causal, 4},
+      {{1, 8192, 8192, 8, 8, 128}, Masking{}, 0},
+      {{1, 8192, 8192, 8, 8, 128}, Masking{false, 256, 256}, 4},
+      {{1, 8192, 8192, 8, 8, 128}, Masking{false, 8191, 8191}, 0},  // a band as wide as the keys
   };
   for (const auto& c : cases) {
     std::size_t bytes = 99;
-    ASSERT_TRUE(flashhop::forward_workspace_size(args_of(c.problem, c.masking, c.pack_gqa), &bytes).ok());
-    EXPECT_EQ(bytes, c.bytes) << "seqlen " << c.problem.seqlen_q << ", d " << c.problem.head_dim << ", nheads "
-                              << c.problem.nheads << ", pack_gqa " << static_cast<int>(c.pack_gqa);
+    ASSERT_TRUE(flashhop::forward_workspace_size(args_of(c.problem, c.masking), &bytes).ok());
+    EXPECT_EQ(bytes, c.bytes) << "seqlen " << c.problem.seqlen_q << ", causal " << c.masking.causal << ", window "
+                              << c.masking.window_left << ", " << c.masking.window_right;
   }
 
-  const ForwardArgs args = args_of({1, 1025, 1025, 8, 8, 128}, causal, kOff);
+  const ForwardArgs args = args_of({1, 1025, 1025, 8, 8, 128}, causal);
   Status status = flashhop::forward(args, nullptr, 0, nullptr);
   EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
   EXPECT_NE(status.message.find("workspace_bytes = 0: expected a workspace of at least 4 bytes"), std::string::npos)

@@ -53,10 +53,9 @@ TensorDesc make_contiguous(void* data, DType dtype, std::initializer_list<std::i
 
 namespace {
 
-// The tile queue's counter (tile_scheduler.h); every other call keeps all its state on chip.
-std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
-  return params.tile_queue ? sizeof(int) : 0;
-}
+// With a band, the tile queue's counter (tile_scheduler.h); without, the kernels keep all their
+// state on chip.
+std::size_t required_workspace_bytes(const detail::ForwardParams& params) { return params.local ? sizeof(int) : 0; }
 
 Status cuda_error(const char* what, cudaError_t error) {
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(error)};

@@ -35,10 +35,9 @@ struct ForwardParams {
   bool local = false;  // the band hides some key from some query (else no mask is needed)
   // Query tiles run over (query row, head of the KV group) pairs, the head fastest (PackGqa).
   bool pack_gqa = false;
-  // Causal and window calls with many query tiles per head balance them through a tile queue
-  // (CausalScheduler), whose counter lives in the caller's workspace.
-  bool tile_queue = false;
-  void* workspace = nullptr;  // forward()'s workspace: the queue's int counter, zeroed before the kernel
+  // forward()'s workspace: with a band (`local`), the int counter of the tile queue
+  // (CausalScheduler), zeroed before the kernel; else null.
+  void* workspace = nullptr;
   int device = 0;
 };
 
@@ -46,10 +45,6 @@ struct ForwardParams {
 // when heads_per_kv_head > 1 and the packed rows fill query tiles of tile_rows rows (the kernel's
 // block_m) better by more than 10%.
 bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows);
-
-// Whether a call with a band runs its tiles from a queue: more query tiles per head than the static
-// snake takes (ForwardTileConfig::causal_snake_max_m_blocks).
-bool use_tile_queue(const ForwardParams& params);
 
 // Flattens arguments that validate_forward() accepted; the workspace is left null.
 ForwardParams make_forward_params(const ForwardArgs& args);

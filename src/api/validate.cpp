@@ -294,14 +294,6 @@ bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_ro
   return fill(seqlen_q) < 0.9 * fill(packed);
 }
 
-bool use_tile_queue(const ForwardParams& params) {
-  if (!params.local) return false;
-  const sm90::ForwardTileConfig tile = sm90::forward_tile_config(params.head_dim, params.local);
-  const std::int64_t rows =
-      params.pack_gqa ? std::int64_t{params.seqlen_q} * (params.nheads / params.nheads_kv) : params.seqlen_q;
-  return (rows + tile.block_m - 1) / tile.block_m > tile.causal_snake_max_m_blocks;
-}
-
 ForwardParams make_forward_params(const ForwardArgs& args) {
   ForwardParams params;
   params.q = args.q.data;
@@ -351,7 +343,6 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
   params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
                                  sm90::forward_tile_config(params.head_dim, params.local).block_m);
-  params.tile_queue = use_tile_queue(params);
   params.device = args.q.device;
   return params;
 }

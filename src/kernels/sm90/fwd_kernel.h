@@ -24,7 +24,7 @@ struct ForwardKernel {
   using Mask = typename Mainloop::Mask;
   using Element = typename Mainloop::Element;
   using Pipeline = typename Mainloop::Pipeline;
-  // Equal tiles run persistently in query-tile order; causal and window tiles need balancing.
+  // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
   using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
 
   struct NoStorage {};
@@ -35,7 +35,7 @@ struct ForwardKernel {
     cutlass::arch::ClusterBarrier q_free;             // Q's buffer may be refilled
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
-    TileRing tiles;                                   // the queue's tile indices, with a queue
+    TileRing tiles;                                   // the queue's tile indices (causal and window masks)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static constexpr int kThreads = Mainloop::Roles::kThreads;
@@ -51,9 +51,9 @@ struct ForwardKernel {
     typename Scheduler::Params scheduler;
   };
 
-  // num_sms, l2_bytes: the device's, which the tile scheduler sizes its rounds and head groups to.
-  static Params to_params(detail::ForwardParams const& p, int num_sms, int64_t l2_bytes) {
-    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, num_sms, l2_bytes)};
+  // num_sms: the device's, which the persistent grids are sized to.
+  static Params to_params(detail::ForwardParams const& p, int num_sms) {
+    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, num_sms)};
   }
 
   static Mask make_mask(detail::ForwardParams const& p) {
@@ -64,16 +64,10 @@ struct ForwardKernel {
     }
   }
 
-  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms,
-                                                          int64_t l2_bytes) {
+  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
-      int* const tile_counter = p.tile_queue ? static_cast<int*>(p.workspace) : nullptr;
-      // Unpacked, the g query heads of a KV group are consecutive tile heads sharing one K/V.
-      int64_t const kv_bytes = int64_t(p.seqlen_k) * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
-      int64_t const kv_bytes_per_head = Mainloop::kPackGqa ? kv_bytes : kv_bytes / (p.nheads / p.nheads_kv);
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, tile_counter, kv_bytes_per_head, num_sms,
-                                  l2_bytes);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), num_sms);
     } else {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
     }
@@ -85,11 +79,10 @@ struct ForwardKernel {
   }
 
   // Calls visit(index, take_next) for each of the CTA's tiles in order; take_next() returns the index
-  // of the tile after (num_tiles or more after the last), the same on every call. With a queue,
-  // producer thread 0 (`taker`) takes that index from the queue once it has issued the tile's loads,
-  // and the other roles get it through `ring`; a role calls take_next where it needs the index, and
-  // walk_tiles calls it after `visit` otherwise. Taking the next tile as late as that keeps the
-  // queue's order close to the order in which CTAs free up.
+  // of the tile after (num_tiles or more after the last), the same on every call. A role calls
+  // take_next where it needs that index; walk_tiles calls it after `visit` otherwise. With the queue,
+  // producer thread 0 (`taker`) takes the index once it has issued the tile's loads, and the other
+  // roles get it through `ring`.
   template <class Visit>
   static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
                                         Visit const& visit) {
@@ -97,16 +90,11 @@ struct ForwardKernel {
       int next = -1;
       auto const take_next = [&] {
         if (next >= 0) return next;
-        next = Scheduler::next_tile(scheduler, index);
         if constexpr (Mask::kIsLocal) {
-          if (scheduler.tile_counter != nullptr) {
-            if (taker) {
-              next = Scheduler::take_next_tile(scheduler);
-              ring.publish(t, next);
-            } else {
-              next = ring.take(t);
-            }
-          }
+          next = taker ? Scheduler::take_next_tile(scheduler) : ring.take(t);
+          if (taker) ring.publish(t, next);
+        } else {
+          next = Scheduler::next_tile(scheduler, index);
         }
         return next;
       };

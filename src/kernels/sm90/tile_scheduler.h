@@ -1,12 +1,11 @@
 // Tile schedulers of the sm90 forward kernel. A work tile is one query tile (block_m rows) of one
 // head of one batch entry. Each CTA walks a sequence of tile indices, from first_tile() while the
-// index is below num_tiles: statically strided (next_tile), or taken from a queue in global memory
-// and handed to the CTA's roles through a TileRing (CausalScheduler with `queue`).
+// index is below num_tiles: statically strided (StaticPersistentScheduler::next_tile), or taken
+// from a queue in global memory and handed to the CTA's roles through a TileRing (CausalScheduler).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 
 #include <cuda_runtime_api.h>
 #include <cutlass/arch/barrier.h>
@@ -53,92 +52,45 @@ struct StaticPersistentScheduler {
   }
 };
 
-// Causal tiles differ in cost (the last query tiles see the most keys), and static striding by the
-// SM count in query-tile order deals some CTAs mostly long tiles (H200, bf16, 16k, d = 128: 457
-// TFLOP/s against 637 with one CTA per tile). Two modes, both persistent (one CTA per SM), chosen
-// per call (ForwardParams::tile_queue):
-//  - a queue, for long sequences: the tiles in launch order, head by head and longest first within
-//    each head, each CTA taking its next index from a counter in global memory (`tile_counter`,
-//    zeroed before the launch) as it nears the end of a tile, which balances the tiles; the CTAs working at
-//    the same time share one head's K/V in L2. Against one CTA per tile (which balances alike
-//    through the hardware's block dispatch), each CTA's later tiles load while its earlier ones
-//    end, and no CTA start-up is paid per tile;
-//  - a static snake, for short sequences (measured faster there than one CTA per tile, tile_config.h): all tiles ranked
-//    by cost (query tile from the last, then head and batch), dealt to the CTAs round by round in a
-//    snake order (CTA c takes rank c in even rounds and rank G - 1 - c in odd ones), so that a CTA
-//    that took a long tile in one round takes a short one in the next. Where it can, the ranking
-//    runs per group of (head, batch) pairs whose K/V together fill at most half the L2, each group
-//    a whole number of rounds (so every round still deals tiles of falling cost). Ranking all heads
-//    at once reads a head's K/V from memory once per query tile when L2 cannot hold all heads
-//    (H200, same session: d = 128 causal, seqlen 1k, 319 -> 375 TFLOP/s with the groups); groups
-//    that ended inside a round unbalanced the rounds (d = 256 causal 4k: 543 -> 487).
+// Causal and window tiles differ in cost (the last query tiles see the most keys), so they are not
+// dealt statically: static striding by the SM count in query-tile order deals some CTAs mostly long
+// tiles (H200, bf16, 16k, d = 128: 457 TFLOP/s against 637 with one CTA per tile). A queue instead:
+// the tiles in order head by head, longest (last query tile) first within each head; one CTA per
+// SM, each taking its next index from a counter in global memory (`tile_counter`, zeroed before the
+// launch) a few key tiles before it ends a tile, so the tiles balance as with one CTA per tile (the
+// hardware's block dispatch), and the CTAs working at the same time share a few heads' K/V in L2.
+// Against one CTA per tile, a CTA's next tile loads while its last one ends, and no CTA start-up is
+// paid per tile. H200, bf16, same session, against one CTA per tile from 9 query tiles per head (65
+// at d = 256) and a static snake order below: d = 64 2k +10%, 4k +5%, 16k +3%; d = 128 2k +4%; d =
+// 256 1k +15%, 2k +8%; level elsewhere (within 2%). Taking the next tile as a tile starts rather
+// than near its end lost 4% at d = 128 16k (a CTA then reserves its next tile one tile early).
 struct CausalScheduler {
   struct Params {
-    int num_tiles, heads_batch;
-    int* tile_counter;  // the queue's next index minus gridDim.x, or null for the static snake
-    cutlass::FastDivmod m_blocks;        // divides by the query tiles per head
-    cutlass::FastDivmod heads;           // divides by nheads
-    cutlass::FastDivmod ctas;            // divides by the CTA count (grid size)
-    cutlass::FastDivmod group_tiles;     // divides by the tiles of a full group
-    cutlass::FastDivmod full_group;      // divides by a full group's (head, batch) pairs (snake)
-    cutlass::FastDivmod last_group;      // divides by the last group's (head, batch) pairs
+    int num_tiles;
+    int* tile_counter;             // the count of indices taken from the queue so far
+    cutlass::FastDivmod m_blocks;  // divides by the query tiles per head
+    cutlass::FastDivmod heads;     // divides by nheads
+    int ctas;                      // the grid size
   };
 
-  // kv_bytes_per_head: the K and V bytes one tile head reads (its share, where heads share K/V).
-  // tile_counter: the queue's counter (4 bytes of workspace, zero at launch), or null.
-  static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int64_t kv_bytes_per_head,
-                          int num_sms, int64_t l2_bytes) {
-    int const heads_batch = nheads * batch;
-    int const num_tiles = heads_batch * num_m_blocks;
-    int const ctas = std::min(num_tiles, num_sms);
-    // The fewest heads whose tiles fill whole rounds: lcm(ctas, num_m_blocks) / num_m_blocks.
-    int const round_heads = ctas / std::gcd(ctas, num_m_blocks);
-    int64_t const fit = l2_bytes / 2 / std::max<int64_t>(kv_bytes_per_head, 1);
-    int const group_heads =
-        fit >= round_heads ? static_cast<int>(std::min<int64_t>(fit / round_heads * round_heads, heads_batch))
-                           : heads_batch;
-    int const last_group_heads = heads_batch - (heads_batch - 1) / group_heads * group_heads;
-    return {num_tiles,
-            heads_batch,
-            tile_counter,
-            cutlass::FastDivmod(num_m_blocks),
-            cutlass::FastDivmod(nheads),
-            cutlass::FastDivmod(ctas),
-            cutlass::FastDivmod(group_heads * num_m_blocks),
-            cutlass::FastDivmod(group_heads),
-            cutlass::FastDivmod(last_group_heads)};
+  // tile_counter: 4 bytes of workspace, zero at launch.
+  static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int num_sms) {
+    int const num_tiles = num_m_blocks * nheads * batch;
+    return {num_tiles, tile_counter, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads),
+            std::min(num_tiles, num_sms)};
   }
-  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas.divisor)); }
+  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas)); }
+  // CTA c starts with tile c; the queue hands out the indices from the grid size on.
   static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
-  // The static snake's stride; the queue's next index is taken with take_next_tile.
-  static CUTLASS_DEVICE int next_tile(Params const& params, int index) { return index + params.ctas.divisor; }
   static CUTLASS_DEVICE int take_next_tile(Params const& params) {
-    return params.ctas.divisor + atomicAdd(params.tile_counter, 1);
+    return params.ctas + atomicAdd(params.tile_counter, 1);
   }
 
-  // The tile of index `index` in the CTA's walk.
   static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
-    int batch, head;
-    if (params.tile_counter != nullptr) {
-      int head_batch, m;
-      params.m_blocks(head_batch, m, index);
-      params.heads(batch, head, head_batch);
-      return {params.m_blocks.divisor - 1 - m, head, batch};
-    }
-    int const ctas = params.ctas.divisor;
-    int round, position;
-    params.ctas(round, position, index);
-    bool const full_round = (round + 1) * ctas <= params.num_tiles;  // a partial last round keeps its order
-    if (full_round && round % 2 == 1) position = ctas - 1 - position;
-    int group, in_group;
-    params.group_tiles(group, in_group, round * ctas + position);
-    int const group_heads = params.full_group.divisor;
-    int const first_head_batch = group * group_heads;
-    bool const last = first_head_batch + group_heads >= params.heads_batch;
-    int rank_m, in_group_head;
-    (last ? params.last_group : params.full_group)(rank_m, in_group_head, in_group);
-    params.heads(batch, head, first_head_batch + in_group_head);
-    return {params.m_blocks.divisor - 1 - rank_m, head, batch};
+    int head_batch, m, batch, head;
+    params.m_blocks(head_batch, m, index);
+    params.heads(batch, head, head_batch);
+    return {params.m_blocks.divisor - 1 - m, head, batch};
   }
 };
 
