@@ -78,29 +78,35 @@ struct ForwardKernel {
     return (rows + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
   }
 
-  // Calls visit(index, take_next) for each of the CTA's tiles in order; take_next() returns the index
-  // of the tile after (num_tiles or more after the last), the same on every call. A role calls
-  // take_next where it needs that index; walk_tiles calls it after `visit` otherwise. With the queue,
-  // producer thread 0 (`taker`) takes the index once it has issued the tile's loads, and the other
-  // roles get it through `ring`.
-  template <class Visit>
+  // Calls visit(index, take_next) for each of the CTA's tiles in order; take_next() returns the
+  // NextTile after it, the same on every call. A role calls take_next where it needs to know that
+  // tile; walk_tiles calls it after `visit` otherwise. With the queue, producer thread 0 (`taker`)
+  // takes the index once it has issued the tile's loads, and the other roles get it through `ring`.
+  // tile_loads(index): whether tile `index` loads anything.
+  template <class TileLoads, class Visit>
   static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
-                                        Visit const& visit) {
+                                        TileLoads const& tile_loads, Visit const& visit) {
     for (int index = Scheduler::first_tile(), t = 0; index < scheduler.num_tiles; ++t) {
-      int next = -1;
+      NextTile next{-1, false};
       auto const take_next = [&] {
-        if (next >= 0) return next;
+        if (next.index >= 0) return next;
         if constexpr (Mask::kIsLocal) {
-          next = taker ? Scheduler::take_next_tile(scheduler) : ring.take(t);
-          if (taker) ring.publish(t, next);
+          if (taker) {
+            int const taken = Scheduler::take_next_tile(scheduler);
+            next = {taken, tile_loads(taken)};
+            ring.publish(t, next);
+          } else {
+            next = ring.take(t);
+          }
         } else {
-          next = Scheduler::next_tile(scheduler, index);
+          int const following = Scheduler::next_tile(scheduler, index);
+          next = {following, tile_loads(following)};
         }
         return next;
       };
       // One call site of `visit`: it inlines the role's whole tile, and two copies made ptxas spill.
       visit(index, take_next);
-      index = take_next();
+      index = take_next().index;
     }
   }
 
@@ -147,7 +153,7 @@ struct ForwardKernel {
       auto const for_each_loading_tile = [&](bool taker, auto const& load) {
         int q_free_phase = 0;
         bool first = true;
-        walk_tiles(params.scheduler, shared.tiles, taker, [&](int index, auto const&) {
+        walk_tiles(params.scheduler, shared.tiles, taker, tile_loads, [&](int index, auto const&) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(tile);
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
@@ -188,7 +194,7 @@ struct ForwardKernel {
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
-      walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, [&](int index, auto const& take_next) {
+      walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, tile_loads, [&](int index, auto const& take_next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(tile);
         // Set once this warpgroup no longer reads Q: the next tile loads, so the producer waits for
@@ -197,7 +203,7 @@ struct ForwardKernel {
         // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
         // tile loads nothing).
         auto const q_read_done = [&] {
-          release_q = tile_loads(take_next());
+          release_q = take_next().loads;
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
         typename Mainloop::TiledMmaPV mma_pv;

@@ -94,6 +94,13 @@ struct CausalScheduler {
   }
 };
 
+// The tile after a CTA's current one: its index (num_tiles or more after the last tile), and whether
+// it loads anything (a tile whose query rows see no key does not).
+struct NextTile {
+  int index;
+  bool loads;
+};
+
 // Hands the queue's tile indices from the thread that takes them (producer thread 0) to the CTA's
 // other roles. Slot t % 2 holds the index of the tile after the CTA's t-th tile (t from 0), written
 // once the taker has issued the t-th tile's loads, a few key tiles before the consumers need it
@@ -102,7 +109,7 @@ struct CausalScheduler {
 // it.
 struct TileRing {
   static constexpr int kSlots = 2;
-  int next[kSlots];
+  NextTile next[kSlots];
   cutlass::arch::ClusterBarrier full[kSlots];
   cutlass::arch::ClusterBarrier empty[kSlots];
 
@@ -115,18 +122,21 @@ struct TileRing {
   }
   // The accesses to `next` are volatile so that they stay between the barrier instructions (asm
   // volatile statements, which declare no memory effects); the barriers order them across threads.
-  CUTLASS_DEVICE void publish(int t, int index) {
+  CUTLASS_DEVICE void publish(int t, NextTile tile) {
     int const slot = t % kSlots, use = t / kSlots;
     if (use > 0) empty[slot].wait((use - 1) % 2);
-    *static_cast<int volatile*>(&next[slot]) = index;
+    NextTile volatile& to = next[slot];
+    to.index = tile.index;
+    to.loads = tile.loads;
     full[slot].arrive();
   }
-  CUTLASS_DEVICE int take(int t) {
+  CUTLASS_DEVICE NextTile take(int t) {
     int const slot = t % kSlots, use = t / kSlots;
     full[slot].wait(use % 2);
-    int const index = *static_cast<int volatile*>(&next[slot]);
+    NextTile volatile const& from = next[slot];
+    NextTile const tile{from.index, from.loads};
     empty[slot].arrive();
-    return index;
+    return tile;
   }
 };
 
