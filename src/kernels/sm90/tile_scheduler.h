@@ -61,9 +61,10 @@ struct StaticPersistentScheduler {
 // hardware's block dispatch), and the CTAs working at the same time share a few heads' K/V in L2.
 // Against one CTA per tile, a CTA's next tile loads while its last one ends, and no CTA start-up is
 // paid per tile. H200, bf16, same session, against one CTA per tile from 9 query tiles per head (65
-// at d = 256) and a static snake order below: d = 64 2k +10%, 4k +5%, 16k +3%; d = 128 2k +4%; d =
-// 256 1k +15%, 2k +8%; level elsewhere (within 2%). Taking the next tile as a tile starts rather
-// than near its end lost 4% at d = 128 16k (a CTA then reserves its next tile one tile early).
+// at d = 256) and a static snake order below: d = 64 2k +10%, 4k +5%, 16k +3%; d = 128 2k +4%;
+// d = 256 1k +15%, 2k +8%; elsewhere within 2%, but for d = 64 512 (0.96, a cell whose two base
+// rounds differed by 4%). Taking the next tile as a tile starts rather than near its end lost 4%
+// at d = 128 16k (a CTA then reserves its next tile a whole tile early).
 struct CausalScheduler {
   struct Params {
     int num_tiles;
