@@ -110,6 +110,19 @@ std::vector<void*> upload(const std::vector<std::vector<unsigned char>>& host, s
   return bases;
 }
 
+// flashhop::forward with the workspace forward_workspace_size asks for, poisoned so that a kernel
+// relying on its contents rather than on forward's own initialisation fails; waits for `stream`
+// before freeing it.
+flashhop::Status forward_with_workspace(const flashhop::ForwardArgs& args, cudaStream_t stream) {
+  std::size_t bytes = 0;
+  if (const flashhop::Status status = flashhop::forward_workspace_size(args, &bytes); !status.ok()) return status;
+  DeviceBuffer workspace(bytes);
+  workspace.upload(std::vector<unsigned char>(bytes, 0xff));
+  const flashhop::Status status = flashhop::forward(args, workspace.data(), bytes, stream);
+  cuda_check(cudaStreamSynchronize(stream), "forward on the stream");
+  return status;
+}
+
 // Runs flashhop::forward on fresh random inputs laid out as `call.plan` says, and checks O (and LSE)
 // against the reference. Skips the test when the build lacks the configuration.
 void run_and_check(const Call& call) {
@@ -129,10 +142,9 @@ void run_and_check(const Call& call) {
   args.softmax_scale = call.softmax_scale;
   args.pack_gqa = call.pack_gqa;
   const CudaStream stream;
-  const Status status = flashhop::forward(args, nullptr, 0, stream.get());
+  const Status status = forward_with_workspace(args, stream.get());
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
-  cuda_check(cudaStreamSynchronize(stream.get()), "forward on the stream");
 
   for (std::size_t i = 0; i < device.size(); ++i) {
     if (i != static_cast<std::size_t>(plan.o.buffer) && i != static_cast<std::size_t>(plan.lse.buffer)) {
@@ -298,8 +310,8 @@ std::vector<GridCase> grid() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
   // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
   // The last two shapes have more query tiles (288, 256) than an H200 has SMs, so each persistent
-  // CTA walks several; with causal masking runs of them are fully masked (seqlen_q > seqlen_k), and
-  // the 8 query tiles per head of the last one run the persistent causal schedule at every head dim.
+  // CTA walks several (with a band, taken from the tile queue); with causal masking runs of them are
+  // fully masked (seqlen_q > seqlen_k).
   const std::vector<Problem> shapes = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
@@ -464,10 +476,9 @@ TEST_P(ForwardGpuRepeat, RepeatedCallsAreBitwiseIdentical) {
   for (int run = 0; run < 3; ++run) {
     device[plan.o.buffer].upload(host[plan.o.buffer]);  // poison again: every run writes everything
     device[plan.lse.buffer].upload(host[plan.lse.buffer]);
-    const Status status = flashhop::forward(args, nullptr, 0, nullptr);
+    const Status status = forward_with_workspace(args, nullptr);
     if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
     ASSERT_TRUE(status.ok()) << status.message;
-    cuda_check(cudaDeviceSynchronize(), "forward");
     if (run == 0) {
       first_o = device[plan.o.buffer].download();
       first_lse = device[plan.lse.buffer].download();
@@ -512,6 +523,29 @@ TEST_F(ForwardGpuDeviceChecks, HostMemoryIsRejected) {
   const Status status = flashhop::forward(bind_args(plan, bases, true), nullptr, 0, nullptr);
   EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
   EXPECT_NE(status.message.find("k.data"), std::string::npos) << status.message;
+  EXPECT_NE(status.message.find("host memory"), std::string::npos) << status.message;
+}
+
+// A causal call runs its tiles from a queue, whose counter lives in the workspace: one in host
+// memory is rejected like an operand.
+TEST_F(ForwardGpuDeviceChecks, HostWorkspaceIsRejected) {
+  const Problem problem{1, 300, 300, 2, 1, 128};
+  const ForwardPlan plan = contiguous_plan(problem, DType::kBFloat16);
+  std::vector<DeviceBuffer> device;
+  std::vector<void*> bases;
+  for (std::int64_t elements : plan.buffer_elements) {
+    device.emplace_back(static_cast<std::size_t>(elements) * 4);
+    bases.push_back(device.back().data());
+  }
+  const flashhop::ForwardArgs args = bind_args(plan, bases, true, Masking{/*causal=*/true});
+  std::size_t bytes = 0;
+  ASSERT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
+  ASSERT_GT(bytes, 0u);
+  std::vector<int> host_workspace(bytes / sizeof(int) + 1);
+
+  const Status status = flashhop::forward(args, host_workspace.data(), bytes, nullptr);
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("workspace"), std::string::npos) << status.message;
   EXPECT_NE(status.message.find("host memory"), std::string::npos) << status.message;
 }
 

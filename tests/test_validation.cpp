@@ -220,7 +220,8 @@ TEST_P(ValidArguments, Accepted) {
   EXPECT_TRUE(status.ok()) << status.message;
   std::size_t bytes = 1;
   EXPECT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
-  EXPECT_EQ(bytes, 0u);
+  // A band's tiles run from a queue, whose counter takes 4 bytes.
+  EXPECT_EQ(bytes, flashhop::detail::make_forward_params(args).local ? 4u : 0u);
 }
 
 ForwardArgs with_problem(const Problem& problem) { return valid_args(DType::kBFloat16, problem); }
@@ -302,6 +303,42 @@ TEST(Validation, WorkspaceSizeNeedsAnOutputPointer) {
   const Status status = flashhop::forward_workspace_size(valid_args(), nullptr);
   EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
   EXPECT_NE(status.message.find("bytes"), std::string::npos) << status.message;
+}
+
+// Causal and window calls run their tiles from a queue and ask for its 4-byte counter; forward()
+// rejects a missing, short or misaligned workspace before touching the device.
+TEST(Validation, TileQueueAsksForAWorkspace) {
+  const auto args_of = [](const Problem& problem, Masking masking) {
+    const ForwardPlan plan = contiguous_plan(problem, DType::kBFloat16);
+    return bind_args(plan, fake_bases(plan), true, masking);
+  };
+  const Masking causal{/*causal=*/true};
+  const struct {
+    Problem problem;
+    Masking masking;
+    std::size_t bytes;
+  } cases[] = {
+      {{1, 1, 1, 8, 8, 128}, causal, 0},  // one query and one key: nothing to mask
+      {{1, 1024, 1024, 8, 8, 64}, causal, 4},
+      {{1, 8192, 8192, 8, 8, 128}, Masking{}, 0},
+      {{1, 8192, 8192, 8, 8, 128}, Masking{false, 256, 256}, 4},
+      {{1, 8192, 8192, 8, 8, 128}, Masking{false, 8191, 8191}, 0},  // a band as wide as the keys
+  };
+  for (const auto& c : cases) {
+    std::size_t bytes = 99;
+    ASSERT_TRUE(flashhop::forward_workspace_size(args_of(c.problem, c.masking), &bytes).ok());
+    EXPECT_EQ(bytes, c.bytes) << "seqlen " << c.problem.seqlen_q << ", causal " << c.masking.causal << ", window "
+                              << c.masking.window_left << ", " << c.masking.window_right;
+  }
+
+  const ForwardArgs args = args_of({1, 1025, 1025, 8, 8, 128}, causal);
+  Status status = flashhop::forward(args, nullptr, 0, nullptr);
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("workspace_bytes = 0: expected a workspace of at least 4 bytes"), std::string::npos)
+      << status.message;
+  status = flashhop::forward(args, reinterpret_cast<void*>(std::uintptr_t{0x7f0000001002}), 8, nullptr);
+  EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message.find("aligned to 4 bytes"), std::string::npos) << status.message;
 }
 
 TEST(ForwardParams, FlattensPackedLayout) {

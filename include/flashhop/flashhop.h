@@ -83,11 +83,14 @@ struct ForwardArgs {
   PackGqa pack_gqa = PackGqa::kAuto;
 };
 
-// Bytes of device workspace `forward` needs for these arguments (validates them first).
+// Bytes of device workspace `forward` needs for these arguments (validates them first): 4 with a
+// causal or window mask (the counter of the kernel's tile queue), else 0.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.
-// `workspace` must hold at least forward_workspace_size() bytes (may be null when that is 0).
+// `workspace` must hold at least forward_workspace_size() bytes of device memory, 4-byte aligned
+// (may be null when that is 0); forward initialises it on `stream`, and no other call in flight may
+// use it at the same time.
 // On any error nothing is launched and the message says what was wrong.
 Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_bytes,
                cudaStream_t stream);

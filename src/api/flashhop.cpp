@@ -2,6 +2,7 @@
 #include "flashhop/flashhop.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -52,8 +53,9 @@ TensorDesc make_contiguous(void* data, DType dtype, std::initializer_list<std::i
 
 namespace {
 
-// The forward kernels keep all their state on chip; no workspace yet.
-std::size_t required_workspace_bytes(const detail::ForwardParams&) { return 0; }
+// With a band, the tile queue's counter (tile_scheduler.h); without, the kernels keep all their
+// state on chip.
+std::size_t required_workspace_bytes(const detail::ForwardParams& params) { return params.local ? sizeof(int) : 0; }
 
 Status cuda_error(const char* what, cudaError_t error) {
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(error)};
@@ -75,22 +77,23 @@ Status check_device_memory(const detail::ForwardParams& params) {
     const char* name;
     const void* data;
     bool has_elements;
-  } pointers[] = {{"q", params.q, params.seqlen_q > 0},
-                  {"k", params.k, params.seqlen_k > 0},
-                  {"v", params.v, params.seqlen_k > 0},
-                  {"o", params.o, params.seqlen_q > 0},
-                  {"lse", params.lse, params.lse != nullptr && params.seqlen_q > 0}};
+  } pointers[] = {{"q.data", params.q, params.seqlen_q > 0},
+                  {"k.data", params.k, params.seqlen_k > 0},
+                  {"v.data", params.v, params.seqlen_k > 0},
+                  {"o.data", params.o, params.seqlen_q > 0},
+                  {"lse.data", params.lse, params.lse != nullptr && params.seqlen_q > 0},
+                  {"workspace", params.workspace, params.workspace != nullptr}};
   for (const auto& [name, data, has_elements] : pointers) {
     if (!has_elements) continue;
     cudaPointerAttributes attributes{};
     if (cudaError_t error = cudaPointerGetAttributes(&attributes, data); error != cudaSuccess) {
       cudaGetLastError();  // the failed query must not surface later as a launch error
-      return cuda_error((std::string(name) + ".data: cudaPointerGetAttributes").c_str(), error);
+      return cuda_error((std::string(name) + ": cudaPointerGetAttributes").c_str(), error);
     }
     const bool on_device = attributes.type == cudaMemoryTypeDevice && attributes.device == current;
     if (!on_device && attributes.type != cudaMemoryTypeManaged) {
       std::ostringstream message;
-      message << name << ".data = " << data << ": expected memory of CUDA device " << current << ", got ";
+      message << name << " = " << data << ": expected memory of CUDA device " << current << ", got ";
       if (attributes.type == cudaMemoryTypeDevice) {
         message << "memory of device " << attributes.device;
       } else {
@@ -113,7 +116,7 @@ Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes) {
 
 Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (Status status = validate_forward(args); !status.ok()) return status;
-  const detail::ForwardParams params = detail::make_forward_params(args);
+  detail::ForwardParams params = detail::make_forward_params(args);
 
   const std::size_t required = required_workspace_bytes(params);
   if (workspace_bytes < required || (required > 0 && workspace == nullptr)) {
@@ -121,6 +124,12 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
                                               ": expected a workspace of at least " + std::to_string(required) +
                                               " bytes (forward_workspace_size)"};
   }
+  if (required > 0 && reinterpret_cast<std::uintptr_t>(workspace) % alignof(int) != 0) {
+    std::ostringstream message;
+    message << "workspace = " << workspace << ": expected an address aligned to " << alignof(int) << " bytes";
+    return {StatusCode::kInvalidArgument, message.str()};
+  }
+  params.workspace = required > 0 ? workspace : nullptr;
   if (Status status = check_device_memory(params); !status.ok()) return status;
 
   // No query rows: O and LSE are empty. (With seqlen_k == 0 the kernel still runs: it writes O = 0

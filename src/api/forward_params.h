@@ -35,6 +35,9 @@ struct ForwardParams {
   bool local = false;  // the band hides some key from some query (else no mask is needed)
   // Query tiles run over (query row, head of the KV group) pairs, the head fastest (PackGqa).
   bool pack_gqa = false;
+  // forward()'s workspace: with a band (`local`), the int counter of the tile queue
+  // (CausalScheduler), zeroed before the kernel; else null.
+  void* workspace = nullptr;
   int device = 0;
 };
 
@@ -43,7 +46,7 @@ struct ForwardParams {
 // block_m) better by more than 10%.
 bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows);
 
-// Flattens arguments that validate_forward() accepted.
+// Flattens arguments that validate_forward() accepted; the workspace is left null.
 ForwardParams make_forward_params(const ForwardArgs& args);
 
 // Launches the sm90 forward kernel chosen for `params` (dtype, head dim, mask) on `stream`.

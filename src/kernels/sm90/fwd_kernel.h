@@ -24,7 +24,7 @@ struct ForwardKernel {
   using Mask = typename Mainloop::Mask;
   using Element = typename Mainloop::Element;
   using Pipeline = typename Mainloop::Pipeline;
-  // Equal tiles run persistently in query-tile order; causal and window tiles need balancing.
+  // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
   using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
 
   struct NoStorage {};
@@ -35,9 +35,13 @@ struct ForwardKernel {
     cutlass::arch::ClusterBarrier q_free;             // Q's buffer may be refilled
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
+    TileRing tiles;                                   // the queue's tile indices (causal and window masks)
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static constexpr int kThreads = Mainloop::Roles::kThreads;
+  // The roles that walk the tiles besides producer thread 0: every consumer thread, and the lanes
+  // of the warp that gathers packed Q.
+  static constexpr int kTileReaders = Mainloop::Roles::kConsumerThreads + (Mainloop::kPackGqa ? 32 : 0);
   static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
 
   struct Params {
@@ -47,9 +51,9 @@ struct ForwardKernel {
     typename Scheduler::Params scheduler;
   };
 
-  // num_sms, l2_bytes: the device's, which the tile scheduler sizes its rounds and head groups to.
-  static Params to_params(detail::ForwardParams const& p, int num_sms, int64_t l2_bytes) {
-    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, num_sms, l2_bytes)};
+  // num_sms: the device's, which the persistent grids are sized to.
+  static Params to_params(detail::ForwardParams const& p, int num_sms) {
+    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, num_sms)};
   }
 
   static Mask make_mask(detail::ForwardParams const& p) {
@@ -60,15 +64,10 @@ struct ForwardKernel {
     }
   }
 
-  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms,
-                                                          int64_t l2_bytes) {
+  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
-      bool const persistent = num_m_blocks(p) <= Mainloop::kTile.causal_persistent_max_m_blocks;
-      // Unpacked, the g query heads of a KV group are consecutive tile heads sharing one K/V.
-      int64_t const kv_bytes = int64_t(p.seqlen_k) * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
-      int64_t const kv_bytes_per_head = Mainloop::kPackGqa ? kv_bytes : kv_bytes / (p.nheads / p.nheads_kv);
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, persistent, kv_bytes_per_head, num_sms, l2_bytes);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), num_sms);
     } else {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
     }
@@ -77,6 +76,38 @@ struct ForwardKernel {
   static int num_m_blocks(detail::ForwardParams const& p) {
     int const rows = Mainloop::Rows::make(p.seqlen_q, p.nheads, p.nheads_kv).rows;
     return (rows + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
+  }
+
+  // Calls visit(index, take_next) for each of the CTA's tiles in order; take_next() returns the
+  // NextTile after it, the same on every call. A role calls take_next where it needs to know that
+  // tile; walk_tiles calls it after `visit` otherwise. With the queue, producer thread 0 (`taker`)
+  // takes the index once it has issued the tile's loads, and the other roles get it through `ring`.
+  // tile_loads(index): whether tile `index` loads anything.
+  template <class TileLoads, class Visit>
+  static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
+                                        TileLoads const& tile_loads, Visit const& visit) {
+    for (int index = Scheduler::first_tile(), t = 0; index < scheduler.num_tiles; ++t) {
+      NextTile next{-1, false};
+      auto const take_next = [&] {
+        if (next.index >= 0) return next;
+        if constexpr (Mask::kIsLocal) {
+          if (taker) {
+            int const taken = Scheduler::take_next_tile(scheduler);
+            next = {taken, tile_loads(taken)};
+            ring.publish(t, next);
+          } else {
+            next = ring.take(t);
+          }
+        } else {
+          int const following = Scheduler::next_tile(scheduler, index);
+          next = {following, tile_loads(following)};
+        }
+        return next;
+      };
+      // One call site of `visit`: it inlines the role's whole tile, and two copies made ptxas spill.
+      visit(index, take_next);
+      index = take_next().index;
+    }
   }
 
   CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
@@ -88,9 +119,8 @@ struct ForwardKernel {
       return Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
-    auto const next_tile_loads = [&](int index) {
-      int const next = Scheduler::next_tile(params.scheduler, index);
-      return next < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, next)).empty();
+    auto const tile_loads = [&](int index) {
+      return index < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, index)).empty();
     };
 
     // q_free is arrived by one thread of each consumer warpgroup: once its rows of O have been
@@ -98,6 +128,7 @@ struct ForwardKernel {
     if (threadIdx.x == 0) {
       shared.q_full.init(Mainloop::kQFullArrivals);
       shared.q_free.init(Roles::kConsumers);
+      if constexpr (Mask::kIsLocal) shared.tiles.init(kTileReaders);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
       typename Pipeline::Params ring;
@@ -119,28 +150,28 @@ struct ForwardKernel {
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
       // Calls load(tile, blocks, wait_q_free) for each of the CTA's tiles that loads anything.
-      auto const for_each_loading_tile = [&](auto const& load) {
+      auto const for_each_loading_tile = [&](bool taker, auto const& load) {
         int q_free_phase = 0;
         bool first = true;
-        for (int index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
-             index = Scheduler::next_tile(params.scheduler, index), first = false) {
+        walk_tiles(params.scheduler, shared.tiles, taker, tile_loads, [&](int index, auto const&) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(tile);
-          if (blocks.empty()) continue;
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
           auto const wait_q_free = [&] {
             if (first) return;
             shared.q_free.wait(q_free_phase);
             q_free_phase ^= 1;
           };
-          load(tile, blocks, wait_q_free);
-        }
+          if (!blocks.empty()) load(tile, blocks, wait_q_free);
+          first = false;
+        });
       };
       // Thread 0 issues the TMA loads of K and V (and of Q unless packed); warp 1 gathers packed Q.
       if (threadIdx.x == 0) {
         Mainloop::prefetch_tma_descriptors(params.mainloop);
         typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-        for_each_loading_tile([&](ForwardTile const& tile, KeyBlocks const& blocks, auto const& wait_q_free) {
+        for_each_loading_tile(/*taker=*/true, [&](ForwardTile const& tile, KeyBlocks const& blocks,
+                                                  auto const& wait_q_free) {
           Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
                          tile.head, tile.batch, blocks, wait_q_free);
         });
@@ -148,7 +179,8 @@ struct ForwardKernel {
       if constexpr (Mainloop::kPackGqa) {
         if (cutlass::canonical_warp_idx_sync() == 1) {
           int const lane = threadIdx.x % 32;
-          for_each_loading_tile([&](ForwardTile const& tile, KeyBlocks const&, auto const& wait_q_free) {
+          for_each_loading_tile(/*taker=*/false, [&](ForwardTile const& tile, KeyBlocks const&,
+                                                     auto const& wait_q_free) {
             wait_q_free();
             Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile.m_block, tile.head,
                                     tile.batch, lane);
@@ -162,14 +194,16 @@ struct ForwardKernel {
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
-      for (int index = Scheduler::first_tile(); index < params.scheduler.num_tiles;
-           index = Scheduler::next_tile(params.scheduler, index)) {
+      walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, tile_loads, [&](int index, auto const& take_next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(tile);
-        bool const release_q = next_tile_loads(index);
+        // Set once this warpgroup no longer reads Q: the next tile loads, so the producer waits for
+        // this tile to release Q's buffer (q_free).
+        bool release_q = false;
         // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
         // tile loads nothing).
         auto const q_read_done = [&] {
+          release_q = take_next().loads;
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
         typename Mainloop::TiledMmaPV mma_pv;
@@ -194,7 +228,7 @@ struct ForwardKernel {
         }();
         Epilogue::store(params.epilogue, smem_o, o_accum, lse, thread_idx, tile.m_block, tile.head, tile.batch,
                         shared.q_free, release_q);
-      }
+      });
       Mainloop::MmaTurns::finish(consumer);
       Epilogue::finish(thread_idx);
     }

@@ -15,17 +15,21 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 
-  int num_sms = 0, l2_bytes = 0;
+  int num_sms = 0;
   cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, p.device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, p.device);
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(err)};
   }
-  typename Kernel::Params const params = Kernel::to_params(p, num_sms, l2_bytes);
+  typename Kernel::Params const params = Kernel::to_params(p, num_sms);
   auto const kernel = forward_kernel<Kernel>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
+  }
+  if constexpr (Mask::kIsLocal) {
+    // The tile queue's counter (tile_scheduler.h) starts at zero in every call.
+    err = cudaMemsetAsync(p.workspace, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaMemsetAsync: ") + cudaGetErrorString(err)};
   }
   kernel<<<Scheduler::grid(params.scheduler, num_sms), Kernel::kThreads, Kernel::kSharedBytes, stream>>>(params);
   err = cudaGetLastError();

@@ -9,16 +9,7 @@ struct ForwardTileConfig {
   int block_n;  // key rows per K/V stage: the N of S = Q K^T and the K of O = P V
   int stages;   // depth of the K and V shared-memory rings
   bool mma_pingpong;  // order the consumers' GEMM issue round robin with named barriers (MmaScheduler)
-  // Causal and local masks only: up to this many query tiles per head the tiles run persistently
-  // (CausalScheduler), beyond it one CTA per tile.
-  int causal_persistent_max_m_blocks;
 };
-
-// Causal scheduling (H200, bf16, same session, timed back to back): persistent against one CTA per
-// tile at d = 128 ran +16% at seqlen 512, +9% at 1k, -3% at 2k and 4k, -7% at 8k; d = 64 alike.
-// With the persistent ranking in L2-sized head groups (tile_scheduler.h), persistent at every
-// length against this threshold: d = 64 2k +6%, 4k -10%, 16k -5%; d = 128 2k -10%, 16k -5%.
-inline constexpr int kCausalPersistentMaxMBlocks = 8;  // seqlen_q <= 1024 with 128-row tiles
 
 // 228 KB of shared memory per SM, of which one CTA may use 227 KB. The CTA holds Q (block_m x d),
 // `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
@@ -37,32 +28,30 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
     // +7% at 16k (512 TFLOP/s); 3 stages instead of 2 changed nothing.
     // Causal and local: two warpgroups of 128 x 128; a 192-row tile wastes more of the diagonal
     // tiles: the same A/B ran causal -14% at 512 and 1k, level at 2k, +7% from 8k.
-    if (!local) return {192, 128, 2, true, kCausalPersistentMaxMBlocks};
-    return {128, 128, 2, true, kCausalPersistentMaxMBlocks};
+    if (!local) return {192, 128, 2, true};
+    return {128, 128, 2, true};
   }
   if (head_dim <= 96) {
     // As d = 64, whose N = 192 the registers still allow: S 96 + P 48 + O 48 live floats.
     // smem: Q 24 KB + 2 x (K 36 KB + V 36 KB) + O 24 KB = 192 KB.
-    return {128, local ? 128 : 192, 2, true, kCausalPersistentMaxMBlocks};
+    return {128, local ? 128 : 192, 2, true};
   }
   if (head_dim <= 128) {
     // smem: Q 32 KB + 2 x (K 32 KB + V 32 KB) + O 32 KB = 192 KB. Registers: S 64 + P 32 + O 64 live
     // floats. Non-causal N = 176 (full-width wgmma, O aliased on Q), H200, same session, against 128:
     // 16k 639 vs 626 TFLOP/s, 4k 600 vs 617, 1k 495 vs 540, 512 397 vs 444, so 128.
-    return {128, 128, 2, true, kCausalPersistentMaxMBlocks};
+    return {128, 128, 2, true};
   }
   if (head_dim <= 192) {
     // The widest N (a multiple of 16) that fits two stages: dv = 192: Q 48 KB + 2 x (K 42 KB +
     // V 42 KB) = 216 KB with O aliased on Q; dv = 128: Q 48 + 2 x (42 + 28) + O 32 = 220 KB.
-    // Tiles are long, so causal persistence follows d = 256 (not measured at 192).
-    return {128, 112, 2, true, 64};
+    return {128, 112, 2, true};
   }
   // d = 256: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB, the most that fits with O aliased on Q.
   // O alone takes 128 registers per thread, so S stays small (40 floats). Ping-pong on against off
   // (H200, same session): non-causal 1k 575 vs 564 TFLOP/s, 16k 691 vs 694; causal 1k 353 vs 341,
   // 16k 671 vs 667; d = 192, 4k: 664 vs 660. Kept on for both.
-  // Causal tiles at d = 256 are long enough that persistence paid up to seqlen 8k (+3 to +9%).
-  return {128, 80, 2, true, 64};
+  return {128, 80, 2, true};
 }
 
 }  // namespace flashhop::sm90

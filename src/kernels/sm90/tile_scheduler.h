@@ -1,13 +1,14 @@
 // Tile schedulers of the sm90 forward kernel. A work tile is one query tile (block_m rows) of one
-// head of one batch entry. The kernel walks its tiles as
-//   for (index = first_tile(); index < params.num_tiles; index = next_tile(params, index)) ...
+// head of one batch entry. Each CTA walks a sequence of tile indices, from first_tile() while the
+// index is below num_tiles: statically strided (StaticPersistentScheduler::next_tile), or taken
+// from a queue in global memory and handed to the CTA's roles through a TileRing (CausalScheduler).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 
 #include <cuda_runtime_api.h>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/fast_math.h>
 
@@ -51,84 +52,92 @@ struct StaticPersistentScheduler {
   }
 };
 
-// Causal tiles differ in cost (the last query tiles see the most keys), and static striding by the
-// SM count in query-tile order deals some CTAs mostly long tiles (H200, bf16, 16k, d = 128: 457
-// TFLOP/s against 637 with one CTA per tile). Two modes, chosen per call:
-//  - one CTA per tile, longest first within each head: the hardware hands CTAs to SMs as they free
-//    up, which balances the tiles, and the CTAs resident together share one head's K/V in L2;
-//  - persistent, for short sequences where per-CTA start-up and epilogue dominate: all tiles ranked
-//    by cost (query tile from the last, then head and batch), dealt to the CTAs round by round in a
-//    snake order (CTA c takes rank c in even rounds and rank G - 1 - c in odd ones), so that a CTA
-//    that took a long tile in one round takes a short one in the next. Where it can, the ranking
-//    runs per group of (head, batch) pairs whose K/V together fill at most half the L2, each group
-//    a whole number of rounds (so every round still deals tiles of falling cost). Ranking all heads
-//    at once reads a head's K/V from memory once per query tile when L2 cannot hold all heads
-//    (H200, same session: d = 128 causal, seqlen 1k, 319 -> 375 TFLOP/s with the groups); groups
-//    that ended inside a round unbalanced the rounds (d = 256 causal 4k: 543 -> 487).
+// Causal and window tiles differ in cost (the last query tiles see the most keys), so they are not
+// dealt statically: static striding by the SM count in query-tile order deals some CTAs mostly long
+// tiles (H200, bf16, 16k, d = 128: 457 TFLOP/s against 637 with one CTA per tile). A queue instead:
+// the tiles in order head by head, longest (last query tile) first within each head; one CTA per
+// SM, each taking its next index from a counter in global memory (`tile_counter`, zeroed before the
+// launch) a few key tiles before it ends a tile, so the tiles balance as with one CTA per tile (the
+// hardware's block dispatch), and the CTAs working at the same time share a few heads' K/V in L2.
+// Against one CTA per tile, a CTA's next tile loads while its last one ends, and no CTA start-up is
+// paid per tile. H200, bf16, same session, against one CTA per tile from 9 query tiles per head (65
+// at d = 256) and a static snake order below: d = 64 2k +10%, 4k +5%, 16k +3%; d = 128 2k +4%;
+// d = 256 1k +15%, 2k +8%; elsewhere within 2%, but for d = 64 512 (0.96, a cell whose two base
+// rounds differed by 4%). Taking the next tile as a tile starts rather than near its end lost 4%
+// at d = 128 16k (a CTA then reserves its next tile a whole tile early).
 struct CausalScheduler {
   struct Params {
-    int num_tiles, heads_batch;
-    bool persistent;
-    cutlass::FastDivmod m_blocks;        // divides by the query tiles per head
-    cutlass::FastDivmod heads;           // divides by nheads
-    cutlass::FastDivmod ctas;            // divides by the CTA count (grid size)
-    cutlass::FastDivmod group_tiles;     // divides by the tiles of a full group
-    cutlass::FastDivmod full_group;      // divides by a full group's (head, batch) pairs (persistent)
-    cutlass::FastDivmod last_group;      // divides by the last group's (head, batch) pairs
+    int num_tiles;
+    int* tile_counter;             // the count of indices taken from the queue so far
+    cutlass::FastDivmod m_blocks;  // divides by the query tiles per head
+    cutlass::FastDivmod heads;     // divides by nheads
+    int ctas;                      // the grid size
   };
 
-  // kv_bytes_per_head: the K and V bytes one tile head reads (its share, where heads share K/V).
-  static Params to_params(int num_m_blocks, int nheads, int batch, bool persistent, int64_t kv_bytes_per_head,
-                          int num_sms, int64_t l2_bytes) {
-    int const heads_batch = nheads * batch;
-    int const num_tiles = heads_batch * num_m_blocks;
-    int const ctas = persistent ? std::min(num_tiles, num_sms) : num_tiles;
-    // The fewest heads whose tiles fill whole rounds: lcm(ctas, num_m_blocks) / num_m_blocks.
-    int const round_heads = ctas / std::gcd(ctas, num_m_blocks);
-    int64_t const fit = l2_bytes / 2 / std::max<int64_t>(kv_bytes_per_head, 1);
-    int const group_heads =
-        fit >= round_heads ? static_cast<int>(std::min<int64_t>(fit / round_heads * round_heads, heads_batch))
-                           : heads_batch;
-    int const last_group_heads = heads_batch - (heads_batch - 1) / group_heads * group_heads;
-    return {num_tiles,
-            heads_batch,
-            persistent,
-            cutlass::FastDivmod(num_m_blocks),
-            cutlass::FastDivmod(nheads),
-            cutlass::FastDivmod(ctas),
-            cutlass::FastDivmod(group_heads * num_m_blocks),
-            cutlass::FastDivmod(group_heads),
-            cutlass::FastDivmod(last_group_heads)};
+  // tile_counter: 4 bytes of workspace, zero at launch.
+  static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int num_sms) {
+    int const num_tiles = num_m_blocks * nheads * batch;
+    return {num_tiles, tile_counter, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads),
+            std::min(num_tiles, num_sms)};
   }
-  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas.divisor)); }
+  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas)); }
+  // CTA c starts with tile c; the queue hands out the indices from the grid size on.
   static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int next_tile(Params const& params, int index) {
-    return params.persistent ? index + params.ctas.divisor : params.num_tiles;
+  static CUTLASS_DEVICE int take_next_tile(Params const& params) {
+    return params.ctas + atomicAdd(params.tile_counter, 1);
   }
 
-  // The tile of launch index `index` (the block index, or a persistent CTA's walk).
   static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
-    int batch, head;
-    if (!params.persistent) {
-      int head_batch, m;
-      params.m_blocks(head_batch, m, index);
-      params.heads(batch, head, head_batch);
-      return {params.m_blocks.divisor - 1 - m, head, batch};
+    int head_batch, m, batch, head;
+    params.m_blocks(head_batch, m, index);
+    params.heads(batch, head, head_batch);
+    return {params.m_blocks.divisor - 1 - m, head, batch};
+  }
+};
+
+// The tile after a CTA's current one: its index (num_tiles or more after the last tile), and whether
+// it loads anything (a tile whose query rows see no key does not).
+struct NextTile {
+  int index;
+  bool loads;
+};
+
+// Hands the queue's tile indices from the thread that takes them (producer thread 0) to the CTA's
+// other roles. Slot t % 2 holds the index of the tile after the CTA's t-th tile (t from 0), written
+// once the taker has issued the t-th tile's loads, a few key tiles before the consumers need it
+// (when their last S GEMM of that tile retires). `full` completes once the index is written (one
+// arrival), `empty` once every reader has read it; the taker reuses a slot once the readers emptied
+// it.
+struct TileRing {
+  static constexpr int kSlots = 2;
+  NextTile next[kSlots];
+  cutlass::arch::ClusterBarrier full[kSlots];
+  cutlass::arch::ClusterBarrier empty[kSlots];
+
+  // One thread, before the CTA synchronises; `readers`: the threads that take every index.
+  CUTLASS_DEVICE void init(int readers) {
+    for (int slot = 0; slot < kSlots; ++slot) {
+      full[slot].init(1);
+      empty[slot].init(readers);
     }
-    int const ctas = params.ctas.divisor;
-    int round, position;
-    params.ctas(round, position, index);
-    bool const full_round = (round + 1) * ctas <= params.num_tiles;  // a partial last round keeps its order
-    if (full_round && round % 2 == 1) position = ctas - 1 - position;
-    int group, in_group;
-    params.group_tiles(group, in_group, round * ctas + position);
-    int const group_heads = params.full_group.divisor;
-    int const first_head_batch = group * group_heads;
-    bool const last = first_head_batch + group_heads >= params.heads_batch;
-    int rank_m, in_group_head;
-    (last ? params.last_group : params.full_group)(rank_m, in_group_head, in_group);
-    params.heads(batch, head, first_head_batch + in_group_head);
-    return {params.m_blocks.divisor - 1 - rank_m, head, batch};
+  }
+  // The accesses to `next` are volatile so that they stay between the barrier instructions (asm
+  // volatile statements, which declare no memory effects); the barriers order them across threads.
+  CUTLASS_DEVICE void publish(int t, NextTile tile) {
+    int const slot = t % kSlots, use = t / kSlots;
+    if (use > 0) empty[slot].wait((use - 1) % 2);
+    NextTile volatile& to = next[slot];
+    to.index = tile.index;
+    to.loads = tile.loads;
+    full[slot].arrive();
+  }
+  CUTLASS_DEVICE NextTile take(int t) {
+    int const slot = t % kSlots, use = t / kSlots;
+    full[slot].wait(use % 2);
+    NextTile volatile const& from = next[slot];
+    NextTile const tile{from.index, from.loads};
+    empty[slot].arrive();
+    return tile;
   }
 };
 
