@@ -379,12 +379,27 @@ struct ForwardMainloop {
       ++k_read;
     };
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
-    // tiles, then the tiles cut by its left edge. Without a band, a loop per kind (H200, d = 128,
-    // 16k, one A/B run: 606 TFLOP/s with the branch below, 630 without), and, up to d = 128, a pair
-    // of loops per soft-capping choice, so that the unmasked loop holds no code it skips. With a
-    // band, a single loop with uniform branches: a loop per kind inlines the masked step twice,
-    // which made ptxas spill at d >= 192.
-    if constexpr (Mask::kIsLocal) {
+    // tiles, then the tiles cut by its left edge: a loop per kind, so that the unmasked loop holds
+    // no masking code (H200, d = 128 non-causal 16k, one A/B run: 606 TFLOP/s with one loop and a
+    // branch per tile, 630 with a loop per kind). Without a band and up to d = 128, one such set of
+    // loops per soft-capping choice, so that no loop holds code it skips; with a band that makes
+    // six copies of the step, which put O's accumulator in local memory at d = 128 (a 960-byte
+    // stack frame), so soft-capping is a uniform branch there. At d >= 192 even the loop pair per
+    // soft-capping choice did that (d = 256 non-causal: a 992-byte stack frame, 40 TFLOP/s), so one
+    // loop pair, and with a band a single loop that branches on the mask per tile (a loop per kind
+    // made ptxas spill).
+    auto walk = [&](auto softcap) {
+      for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
+        step(n_block, true_type{}, softcap);
+      }
+      for (; n_block >= blocks.begin && (!Mask::kIsLocal || n_block >= blocks.left_masked_below); --n_block) {
+        step(n_block, false_type{}, softcap);
+      }
+      if constexpr (Mask::kIsLocal) {
+        for (; n_block >= blocks.begin; --n_block) step(n_block, true_type{}, softcap);
+      }
+    };
+    if constexpr (kHeadDim > 128 && Mask::kIsLocal) {
       for (--n_block; n_block >= blocks.begin; --n_block) {
         if (needs_mask(n_block)) {
           step(n_block, true_type{}, params.softcap);
@@ -392,22 +407,12 @@ struct ForwardMainloop {
           step(n_block, false_type{}, params.softcap);
         }
       }
+    } else if constexpr (kHeadDim > 128 || Mask::kIsLocal) {
+      walk(params.softcap);
+    } else if (params.softcap) {
+      walk(true_type{});
     } else {
-      auto walk = [&](auto softcap) {
-        for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
-          step(n_block, true_type{}, softcap);
-        }
-        for (; n_block >= blocks.begin; --n_block) step(n_block, false_type{}, softcap);
-      };
-      // At d >= 192 the four loops left O's accumulator in local memory (d = 256: a 992-byte stack
-      // frame, 40 TFLOP/s non-causal), so one loop pair with the uniform branch there.
-      if constexpr (kHeadDim > 128) {
-        walk(params.softcap);
-      } else if (params.softcap) {
-        walk(true_type{});
-      } else {
-        walk(false_type{});
-      }
+      walk(false_type{});
     }
 
     q_read_done();
