@@ -508,15 +508,22 @@ INSTANTIATE_TEST_SUITE_P(
 
 using ForwardGpuDeviceChecks = RequiresGpu;
 
+// A device buffer of 4 bytes per element for each allocation of `plan` (contents left as they
+// are); returns their addresses.
+std::vector<void*> allocate(const ForwardPlan& plan, std::vector<DeviceBuffer>* device) {
+  std::vector<void*> bases;
+  for (std::int64_t elements : plan.buffer_elements) {
+    device->emplace_back(static_cast<std::size_t>(elements) * 4);
+    bases.push_back(device->back().data());
+  }
+  return bases;
+}
+
 TEST_F(ForwardGpuDeviceChecks, HostMemoryIsRejected) {
   const Problem problem{1, 16, 16, 2, 1, 128};
   const ForwardPlan plan = contiguous_plan(problem, DType::kBFloat16);
   std::vector<DeviceBuffer> device;
-  std::vector<void*> bases;
-  for (std::int64_t elements : plan.buffer_elements) {
-    device.emplace_back(static_cast<std::size_t>(elements) * 4);
-    bases.push_back(device.back().data());
-  }
+  std::vector<void*> bases = allocate(plan, &device);
   std::vector<unsigned char> host_k(static_cast<std::size_t>(problem.k_elements()) * 2);
   bases[plan.k.buffer] = host_k.data();
 
@@ -532,11 +539,7 @@ TEST_F(ForwardGpuDeviceChecks, HostWorkspaceIsRejected) {
   const Problem problem{1, 300, 300, 2, 1, 128};
   const ForwardPlan plan = contiguous_plan(problem, DType::kBFloat16);
   std::vector<DeviceBuffer> device;
-  std::vector<void*> bases;
-  for (std::int64_t elements : plan.buffer_elements) {
-    device.emplace_back(static_cast<std::size_t>(elements) * 4);
-    bases.push_back(device.back().data());
-  }
+  std::vector<void*> bases = allocate(plan, &device);
   const flashhop::ForwardArgs args = bind_args(plan, bases, true, Masking{/*causal=*/true});
   std::size_t bytes = 0;
   ASSERT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
