@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/forward_params.h"
 #include "flashhop/flashhop.h"
 #include "reference/attention_ref.h"
 #include "test_utils.h"
@@ -368,6 +369,39 @@ TEST_P(ForwardGpuPackGqa, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PackGqa, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_cases()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
+
+// ---- wide bands: d = 64's 192-row tiles under a band (tile_config.h, kWideBandKeys) ---------------
+
+std::vector<GridCase> wide_band_cases() {
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): short queries on long keys, so that the middle
+  // row sees over 4096 keys while the CPU reference stays cheap; the first shape has 6 x 16 x 2 =
+  // 192 query tiles, more than an H200's SMs, so the CTAs take several from the tile queue.
+  const std::vector<Problem> shapes = {{2, 1000, 5000, 16, 2, 64}, {1, 777, 4900, 3, 1, 64}};
+  // Every key tile kind: the right edge (the diagonal, or 40 or 100 keys past it), whole tiles, and
+  // tiles cut by a left window (on the first shape, row i sees keys from i - 500 on).
+  const NamedMasking kWideWindow{"window4500_100", {false, 4500, 100}};
+  std::vector<GridCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (const NamedMasking& masking : {kCausal, kSoftcapCausal, kWideWindow, kRightWindow}) {
+      for (const Problem& problem : shapes) cases.push_back({dtype, masking, problem});
+    }
+  }
+  return cases;
+}
+
+using ForwardGpuWideBand = GpuTestWithParam<GridCase>;
+
+TEST_P(ForwardGpuWideBand, MatchesReference) {
+  const GridCase& c = GetParam();
+  Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
+  const flashhop::ForwardArgs args =
+      bind_args(call.plan, std::vector<void*>(call.plan.buffer_dtypes.size()), call.with_lse, call.masking);
+  ASSERT_TRUE(flashhop::detail::make_forward_params(args).wide_band) << "this shape no longer takes the wide-band tiles";
+  run_and_check(call);
+}
+
+INSTANTIATE_TEST_SUITE_P(WideBand, ForwardGpuWideBand, ::testing::ValuesIn(wide_band_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
 // ---- layouts: strided operands, LSE absent -----------------------------------------------------

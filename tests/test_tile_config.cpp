@@ -17,13 +17,14 @@ constexpr int kElementBytes = 2;                // bf16 / fp16
 struct ConfigCase {
   int head_dim, head_dim_v;
   bool local;
+  bool wide_band = false;
 };
 
 class TileConfig : public ::testing::TestWithParam<ConfigCase> {};
 
 TEST_P(TileConfig, FitsTheKernelsLimits) {
   const ConfigCase c = GetParam();
-  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.local);
+  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.local, c.wide_band);
   // Two or three consumer warpgroups of one 64-row wgmma atom each (WarpGroups' register budgets).
   EXPECT_TRUE(config.block_m == 128 || config.block_m == 192) << config.block_m;
   // S = Q K^T uses block_n as the wgmma N (a multiple of 8, at most 256); P V uses it as the K of
@@ -41,6 +42,7 @@ TEST_P(TileConfig, FitsTheKernelsLimits) {
 
 INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
                          ::testing::Values(ConfigCase{64, 64, false}, ConfigCase{64, 64, true},
+                                           ConfigCase{64, 64, true, true},
                                            ConfigCase{96, 96, false}, ConfigCase{96, 96, true},
                                            ConfigCase{128, 128, false}, ConfigCase{128, 128, true},
                                            ConfigCase{192, 192, false}, ConfigCase{192, 192, true},
@@ -49,7 +51,7 @@ INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
                          [](const ::testing::TestParamInfo<ConfigCase>& info) {
                            const ConfigCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) + "_dv" + std::to_string(c.head_dim_v) +
-                                  (c.local ? "_local" : "_full");
+                                  (c.local ? "_local" : "_full") + (c.wide_band ? "_wide" : "");
                          });
 
 TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
@@ -58,6 +60,15 @@ TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
     EXPECT_LE(forward_tile_config(head_dim, true).block_n, forward_tile_config(head_dim, false).block_n)
         << head_dim;
   }
+}
+
+TEST(TileConfigSelection, WideBandTilesAtHeadDim64Only) {
+  // tools/generate_instantiations.py writes the wide-band kernels of these head dims
+  // (WIDE_BAND_HEAD_DIMS); dispatch.cu launches them wherever has_wide_band_tiles holds.
+  for (int head_dim : {64, 96, 128, 192, 256}) {
+    EXPECT_EQ(flashhop::sm90::has_wide_band_tiles(head_dim), head_dim == 64) << head_dim;
+  }
+  EXPECT_EQ(forward_tile_config(64, true, true).block_m, 192);
 }
 
 }  // namespace

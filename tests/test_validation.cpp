@@ -464,6 +464,46 @@ INSTANTIATE_TEST_SUITE_P(
                       PackGqaCase{"too_many_rows", flashhop::PackGqa::kAuto, 1 << 28, 16, false}),
     [](const ::testing::TestParamInfo<PackGqaCase>& info) { return info.param.name; });
 
+struct WideBandCase {
+  const char* name;
+  Problem problem;
+  Masking masking;
+  flashhop::PackGqa pack_gqa;
+  bool wide;  // expected: the kernel with wide-band tiles runs
+};
+
+class ForwardParamsWideBand : public ::testing::TestWithParam<WideBandCase> {};
+
+TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
+  const WideBandCase& c = GetParam();
+  ForwardArgs args = with_problem(c.problem);
+  args.causal = c.masking.causal;
+  args.window_left = c.masking.window_left;
+  args.window_right = c.masking.window_right;
+  args.pack_gqa = c.pack_gqa;
+  ASSERT_TRUE(flashhop::validate_forward(args).ok());
+  EXPECT_EQ(flashhop::detail::make_forward_params(args).wide_band, c.wide);
+}
+
+constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
+
+// kWideBandKeys = 4096 keys for the middle query row, at d = 64 only (the head dim whose tiles it changes).
+INSTANTIATE_TEST_SUITE_P(
+    WideBands, ForwardParamsWideBand,
+    ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, true},
+                      WideBandCase{"causal_8k_d128", {1, 8192, 8192, 4, 4, 128}, {true}, kAutoPack, false},
+                      WideBandCase{"causal_4k", {1, 4096, 4096, 4, 4, 64}, {true}, kAutoPack, false},
+                      // The middle row (500) sees 500 + 4000 + 1 keys.
+                      WideBandCase{"causal_short_queries", {1, 1000, 5000, 4, 4, 64}, {true}, kAutoPack, true},
+                      WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, false},
+                      WideBandCase{"window_4095_wide", {1, 16384, 16384, 4, 4, 64}, {false, 4095, 0}, kAutoPack, true},
+                      WideBandCase{"window_4094_narrow", {1, 16384, 16384, 4, 4, 64}, {false, 4094, 0}, kAutoPack, false},
+                      WideBandCase{"both_sides", {1, 16384, 16384, 4, 4, 64}, {false, 2000, 2100}, kAutoPack, true},
+                      // Packed GQA rows keep their own tiles.
+                      WideBandCase{"causal_8k_packed", {1, 8192, 8192, 8, 2, 64}, {true}, flashhop::PackGqa::kOn, false},
+                      WideBandCase{"causal_8k_gqa_unpacked", {1, 8192, 8192, 8, 2, 64}, {true}, kAutoPack, true}),
+    [](const ::testing::TestParamInfo<WideBandCase>& info) { return info.param.name; });
+
 TEST(ForwardParams, ResolvesPackGqa) {
   ForwardArgs args = with_problem({2, 1, 500, 32, 8, 128});
   ASSERT_TRUE(flashhop::validate_forward(args).ok());

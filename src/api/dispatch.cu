@@ -1,11 +1,12 @@
 // Runtime arguments become template arguments here, once: dtype -> element type, (head dim,
-// head dim of V) -> constants, mask -> policy, packed GQA rows -> flag. Configurations left out of
+// head dim of V) -> constants, mask -> policy, packed GQA rows and wide-band tiles -> flags. Configurations left out of
 // the build (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include <string>
 #include <type_traits>
 
 #include "api/forward_params.h"
 #include "kernels/sm90/fwd_launch.h"
+#include "kernels/sm90/tile_config.h"
 
 namespace flashhop::detail {
 namespace {
@@ -64,8 +65,13 @@ FLASHHOP_BUILT(cutlass::half_t, 256, 256)
 
 template <class Element, int kHeadDim, int kHeadDimV, class Mask>
 Status launch_with_mask(ForwardParams const& p, cudaStream_t stream) {
-  return p.pack_gqa ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true>(p, stream)
-                    : sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false>(p, stream);
+  // Wide-band tiles exist for bands of unpacked rows, at the head dims whose tiles they change
+  // (make_forward_params sets wide_band only there).
+  if constexpr (Mask::kIsLocal && sm90::has_wide_band_tiles(kHeadDim)) {
+    if (p.wide_band) return sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, true>(p, stream);
+  }
+  return p.pack_gqa ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true, false>(p, stream)
+                    : sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, false>(p, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV>

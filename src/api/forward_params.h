@@ -35,6 +35,9 @@ struct ForwardParams {
   bool local = false;  // the band hides some key from some query (else no mask is needed)
   // Query tiles run over (query row, head of the KV group) pairs, the head fastest (PackGqa).
   bool pack_gqa = false;
+  // A band whose query rows see many keys, at a head dim with tiles of its own for it
+  // (sm90::has_wide_band_tiles); never with pack_gqa.
+  bool wide_band = false;
   // forward()'s workspace: with a band (`local`), the int counter of the tile queue
   // (CausalScheduler), zeroed before the kernel; else null.
   void* workspace = nullptr;
@@ -48,6 +51,10 @@ bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_ro
 
 // Flattens arguments that validate_forward() accepted; the workspace is left null.
 ForwardParams make_forward_params(const ForwardArgs& args);
+
+// Keys that a band of (window_left, window_right), in ForwardParams' non-negative widths, shows
+// query row seqlen_q / 2.
+int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_right);
 
 // Launches the sm90 forward kernel chosen for `params` (dtype, head dim, mask) on `stream`.
 // Returns kNotSupported when that configuration was not compiled into this build.

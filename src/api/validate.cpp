@@ -294,6 +294,15 @@ bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_ro
   return fill(seqlen_q) < 0.9 * fill(packed);
 }
 
+// Keys the band shows the middle query row: about the mean over the rows for a causal mask and a
+// sliding window alike.
+int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_right) {
+  const std::int64_t diagonal = std::int64_t{seqlen_q / 2} + seqlen_k - seqlen_q;
+  const std::int64_t first = std::max<std::int64_t>(0, diagonal - window_left);
+  const std::int64_t end = std::min<std::int64_t>(seqlen_k, diagonal + window_right + 1);
+  return static_cast<int>(std::max<std::int64_t>(0, end - first));
+}
+
 ForwardParams make_forward_params(const ForwardArgs& args) {
   ForwardParams params;
   params.q = args.q.data;
@@ -343,6 +352,9 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
   params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
                                  sm90::forward_tile_config(params.head_dim, params.local).block_m);
+  params.wide_band = params.local && !params.pack_gqa && sm90::has_wide_band_tiles(params.head_dim) &&
+                     middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right) >=
+                         sm90::kWideBandKeys;
   params.device = args.q.device;
   return params;
 }

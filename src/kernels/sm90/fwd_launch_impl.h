@@ -9,9 +9,9 @@
 
 namespace flashhop::sm90 {
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa>
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa, bool kWideBand>
 Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
-  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa>;
+  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa, kWideBand>;
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 

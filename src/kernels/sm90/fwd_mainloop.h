@@ -20,7 +20,7 @@
 
 namespace flashhop::sm90 {
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_, bool kWideBand_>
 struct ForwardMainloop {
   using Element = Element_;
   using Mask = Mask_;
@@ -28,7 +28,7 @@ struct ForwardMainloop {
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal);
+  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kWideBand_);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -387,7 +387,10 @@ struct ForwardMainloop {
     // stack frame), so soft-capping is a uniform branch there. At d >= 192 even the loop pair per
     // soft-capping choice did that (d = 256 non-causal: a 992-byte stack frame, 40 TFLOP/s), so one
     // loop pair, and with a band a single loop that branches on the mask per tile (a loop per kind
-    // made ptxas spill).
+    // made ptxas spill). So too with a band and three consumer warpgroups (160 registers; d = 64
+    // wide bands): a loop per kind spilled 168 bytes, reloaded in every loop, the single loop 40
+    // (Q's descriptors, reloaded per key tile); H200, same session, single loop against a loop per
+    // kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485 against 462.
     auto walk = [&](auto softcap) {
       for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
         step(n_block, true_type{}, softcap);
@@ -399,7 +402,7 @@ struct ForwardMainloop {
         for (; n_block >= blocks.begin; --n_block) step(n_block, true_type{}, softcap);
       }
     };
-    if constexpr (kHeadDim > 128 && Mask::kIsLocal) {
+    if constexpr ((kHeadDim > 128 || kConsumerWarpGroups > 2) && Mask::kIsLocal) {
       for (--n_block; n_block >= blocks.begin; --n_block) {
         if (needs_mask(n_block)) {
           step(n_block, true_type{}, params.softcap);

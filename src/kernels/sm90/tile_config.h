@@ -18,8 +18,9 @@ struct ForwardTileConfig {
 // three): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed registers, plus the
 // next S while softmax of the current one runs.
 // The tiles depend on d and the mask kind alone (d = 192 serves dv = 192 and 128); `local`: a
-// causal or sliding-window mask (LocalMask).
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
+// causal or sliding-window mask (LocalMask); `wide_band`: a band whose query rows see many keys
+// (kWideBandKeys below), which the head dims that gain from it run with taller query tiles.
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band = false) {
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
     // live floats), so each K/V tile serves 1.5 times the rows and each warpgroup's softmax hides
@@ -27,8 +28,9 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
     // H200, same session, against two warpgroups with N = 192: +17% at seqlen 512, +11% at 1k,
     // +7% at 16k (512 TFLOP/s); 3 stages instead of 2 changed nothing.
     // Causal and local: two warpgroups of 128 x 128; a 192-row tile wastes more of the diagonal
-    // tiles: the same A/B ran causal -14% at 512 and 1k, level at 2k, +7% from 8k.
-    if (!local) return {192, 128, 2, true};
+    // tiles. Wide bands (kWideBandKeys) take the 192-row tile: H200, same session, causal, against
+    // 128 x 128: 512 -11%, 1k -16%, 2k -3%, 4k -1%, 8k +4%, 16k +3%.
+    if (!local || wide_band) return {192, 128, 2, true};
     return {128, 128, 2, true};
   }
   if (head_dim <= 96) {
@@ -52,6 +54,19 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local) {
   // (H200, same session): non-causal 1k 575 vs 564 TFLOP/s, 16k 691 vs 694; causal 1k 353 vs 341,
   // 16k 671 vs 667; d = 192, 4k: 664 vs 660. Kept on for both.
   return {128, 80, 2, true};
+}
+
+constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b) {
+  return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages && a.mma_pingpong == b.mma_pingpong;
+}
+
+// A band is wide when its middle query row sees at least this many keys (detail::middle_row_keys):
+// causal with seqlen_q = seqlen_k from 8k, where d = 64's 192-row tiles gain (see above).
+inline constexpr int kWideBandKeys = 4096;
+
+// Whether head dim d has tiles of its own for wide bands (one kernel more per dtype).
+constexpr bool has_wide_band_tiles(int head_dim) {
+  return !(forward_tile_config(head_dim, true, true) == forward_tile_config(head_dim, true, false));
 }
 
 }  // namespace flashhop::sm90
