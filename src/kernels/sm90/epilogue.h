@@ -29,6 +29,13 @@ struct ForwardEpilogue {
   // (Mainloop checks that O's layout allows this), so no cross-warpgroup hazard arises.
   using SmemLayoutO = typename Mainloop::SmemLayoutO;  // (kBlockM, dv)
   static constexpr bool kOwnBuffer = Mainloop::kSeparateO;
+  // Arrivals on q_free per consumer warpgroup and hand-over of Q's buffer. Packed rows of O in Q's
+  // buffer are read by every thread (store_packed), and each thread arrives after its own reads, so
+  // that each arrival releases exactly the reads it orders (one elected arrival after a named
+  // barrier drew racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
+  // each warpgroup arrives: after its TMA store has read O, or once its warpgroup's S GEMMs no
+  // longer read Q (no generic-proxy reads of the buffer to order).
+  static constexpr int kQFreeArrivalsPerWarpGroup = !kOwnBuffer && kPackGqa ? kThreadsPerWarpGroup : 1;
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;
   };
@@ -74,8 +81,8 @@ struct ForwardEpilogue {
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the
   // tile head (query_rows.h). thread_idx in [0, 128 x consumers) over all consumer warpgroups. In
-  // Q's buffer (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`, one
-  // arrival per warpgroup, to load the next tile's Q there.
+  // Q's buffer (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`
+  // (kQFreeArrivalsPerWarpGroup per warpgroup) to load the next tile's Q there.
   template <class OAccum, class RowValues>
   static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
                                    RowValues const& lse, int thread_idx, int m_block, int head, int batch,
@@ -163,10 +170,11 @@ struct ForwardEpilogue {
           *reinterpret_cast<uint4 const*>(&sO(row, col));
     }
     if constexpr (!kOwnBuffer) {
-      // Every thread of this warpgroup has read its rows of O before the producer may load the next
-      // Q over them.
+      // The producer loads the next Q over these rows once every thread has read its chunks of O;
+      // the next tile's O (when that tile loads nothing, so no Q comes between) waits for this
+      // warpgroup's reads at the barrier.
       sync_epilogue(consumer);
-      if (release_q && thread_idx % kThreadsPerWarpGroup == 0) q_free.arrive();
+      if (release_q) q_free.arrive();
     }
   }
 

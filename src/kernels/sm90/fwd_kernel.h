@@ -123,11 +123,12 @@ struct ForwardKernel {
       return index < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, index)).empty();
     };
 
-    // q_free is arrived by one thread of each consumer warpgroup: once its rows of O have been
-    // stored from Q's buffer, or, with a buffer of its own for O, once it no longer reads Q.
+    // q_free is arrived by each consumer warpgroup (Epilogue::kQFreeArrivalsPerWarpGroup threads of
+    // it): once its rows of O have been stored from Q's buffer, or, with a buffer of its own for O,
+    // once it no longer reads Q.
     if (threadIdx.x == 0) {
       shared.q_full.init(Mainloop::kQFullArrivals);
-      shared.q_free.init(Roles::kConsumers);
+      shared.q_free.init(Roles::kConsumers * Epilogue::kQFreeArrivalsPerWarpGroup);
       if constexpr (Mask::kIsLocal) shared.tiles.init(kTileReaders);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
