@@ -1,6 +1,6 @@
 // Runtime arguments become template arguments here, once: dtype -> element type, (head dim,
-// head dim of V) -> constants, mask -> policy, packed GQA rows and wide-band tiles -> flags. Configurations left out of
-// the build (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
+// head dim of V) -> constants, mask -> policy, packed GQA rows and wide-band tiles -> flags.
+// Configurations left out of the build (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include <string>
 #include <type_traits>
 

@@ -52,10 +52,6 @@ bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_ro
 // Flattens arguments that validate_forward() accepted; the workspace is left null.
 ForwardParams make_forward_params(const ForwardArgs& args);
 
-// Keys that a band of (window_left, window_right), in ForwardParams' non-negative widths, shows
-// query row seqlen_q / 2.
-int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_right);
-
 // Launches the sm90 forward kernel chosen for `params` (dtype, head dim, mask) on `stream`.
 // Returns kNotSupported when that configuration was not compiled into this build.
 Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream);

@@ -294,14 +294,18 @@ bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_ro
   return fill(seqlen_q) < 0.9 * fill(packed);
 }
 
-// Keys the band shows the middle query row: about the mean over the rows for a causal mask and a
-// sliding window alike.
+namespace {
+
+// Keys that the band (window_left, window_right, in ForwardParams' non-negative widths) shows query
+// row seqlen_q / 2: about the mean over the rows for a causal mask and a sliding window alike.
 int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_right) {
   const std::int64_t diagonal = std::int64_t{seqlen_q / 2} + seqlen_k - seqlen_q;
   const std::int64_t first = std::max<std::int64_t>(0, diagonal - window_left);
   const std::int64_t end = std::min<std::int64_t>(seqlen_k, diagonal + window_right + 1);
   return static_cast<int>(std::max<std::int64_t>(0, end - first));
 }
+
+}  // namespace
 
 ForwardParams make_forward_params(const ForwardArgs& args) {
   ForwardParams params;

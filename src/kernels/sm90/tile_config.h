@@ -60,7 +60,7 @@ constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b
   return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages && a.mma_pingpong == b.mma_pingpong;
 }
 
-// A band is wide when its middle query row sees at least this many keys (detail::middle_row_keys):
+// A band is wide when its middle query row sees at least this many keys (make_forward_params):
 // causal with seqlen_q = seqlen_k from 8k, where d = 64's 192-row tiles gain (see above).
 inline constexpr int kWideBandKeys = 4096;
 
