@@ -211,7 +211,7 @@ struct ForwardKernel {
         Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDimV>{});
         clear(o_accum);
         constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
-        OnlineSoftmax<kRows> softmax(params.mainloop.score_scale_log2);
+        OnlineSoftmax<kRows, Mainloop::kTile.softmax_chains> softmax(params.mainloop.score_scale_log2);
         if (!blocks.empty()) {
           Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, q_full_phase, pipeline_k,
                         pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks, q_read_done);

@@ -40,7 +40,25 @@ CUTLASS_DEVICE void apply_softcap(Scores& scores, float prescale) {
   for (int i = 0; i < cute::size(scores); ++i) scores(i) = fast_tanh(scores(i) * prescale);
 }
 
-template <int kRows>
+// op over the columns of row m of `scores` (rows, cols) in kChains > 1 interleaved chains of
+// dependent instructions, folded at the end (tile_config.h says which kernels use them, and why).
+template <int kChains, class Scores, class Op>
+CUTLASS_DEVICE float interleaved_row_reduce(Scores const& scores, int m, Op op) {
+  constexpr int kCols = decltype(cute::size<1>(scores))::value;
+  static_assert(kChains > 1 && kChains <= kCols);
+  float chain[kChains];
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < kChains; ++c) chain[c] = scores(m, c);
+  CUTLASS_PRAGMA_UNROLL
+  for (int n = kChains; n < kCols; ++n) chain[n % kChains] = op(chain[n % kChains], scores(m, n));
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 1; c < kChains; ++c) chain[0] = op(chain[0], chain[c]);
+  return chain[0];
+}
+
+// kChains: dependency chains of the row max and row sum over a thread's columns (one running
+// chain, or interleaved_row_reduce's).
+template <int kRows, int kChains>
 struct OnlineSoftmax {
   using RowValues = cute::array<float, kRows>;
 
@@ -71,10 +89,15 @@ struct OnlineSoftmax {
     RowValues o_scale;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
+      auto const max_op = [](float a, float b) { return fmaxf(a, b); };
       float tile_max = row_max[m];
-      CUTLASS_PRAGMA_UNROLL
-      for (int n = 0; n < cute::size<1>(scores); ++n) tile_max = fmaxf(tile_max, scores(m, n));
-      float const tile_row_max = quad_allreduce(tile_max, [](float a, float b) { return fmaxf(a, b); });
+      if constexpr (kChains == 1) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int n = 0; n < cute::size<1>(scores); ++n) tile_max = fmaxf(tile_max, scores(m, n));
+      } else {
+        tile_max = fmaxf(tile_max, interleaved_row_reduce<kChains>(scores, m, max_op));
+      }
+      float const tile_row_max = quad_allreduce(tile_max, max_op);
       // From -inf (no visible key yet) any finite max raises it.
       bool const raise = kIsFirst || tile_row_max > row_max[m] + max_slack;
       float const new_max = raise ? tile_row_max : row_max[m];
@@ -87,7 +110,10 @@ struct OnlineSoftmax {
       CUTLASS_PRAGMA_UNROLL
       for (int n = 0; n < cute::size<1>(scores); ++n) {
         scores(m, n) = fast_exp2(fmaf(scores(m, n), scale_log2, -max_scaled));
-        tile_sum += scores(m, n);
+        if constexpr (kChains == 1) tile_sum += scores(m, n);
+      }
+      if constexpr (kChains > 1) {
+        tile_sum = interleaved_row_reduce<kChains>(scores, m, [](float a, float b) { return a + b; });
       }
       row_sum[m] = kIsFirst ? tile_sum : fmaf(row_sum[m], o_scale[m], tile_sum);
     }
