@@ -34,6 +34,9 @@ TEST_P(TileConfig, FitsTheKernelsLimits) {
   EXPECT_LE(config.block_n, 256);
   // At least double buffering, so TMA loads overlap the GEMMs.
   EXPECT_GE(config.stages, 2);
+  // Each thread holds block_n / 4 columns of its score rows; the softmax splits them into chains.
+  EXPECT_GE(config.softmax_chains, 1);
+  EXPECT_LE(config.softmax_chains, config.block_n / 4);
   // Q (O may reuse it) and `stages` K and V tiles, plus a little for the mbarriers.
   const int tensor_bytes =
       (config.block_m * c.head_dim + config.stages * config.block_n * (c.head_dim + c.head_dim_v)) * kElementBytes;
