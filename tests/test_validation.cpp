@@ -476,10 +476,8 @@ class ForwardParamsWideBand : public ::testing::TestWithParam<WideBandCase> {};
 
 TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
   const WideBandCase& c = GetParam();
-  ForwardArgs args = with_problem(c.problem);
-  args.causal = c.masking.causal;
-  args.window_left = c.masking.window_left;
-  args.window_right = c.masking.window_right;
+  const ForwardPlan plan = contiguous_plan(c.problem, DType::kBFloat16);
+  ForwardArgs args = bind_args(plan, fake_bases(plan), true, c.masking);
   args.pack_gqa = c.pack_gqa;
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
   EXPECT_EQ(flashhop::detail::make_forward_params(args).wide_band, c.wide);
