@@ -310,14 +310,16 @@ std::vector<GridCase> grid_cases(const std::vector<Problem>& shapes, const std::
 std::vector<GridCase> grid() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
   // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
-  // The last two shapes have more query tiles (288, 256) than an H200 has SMs, so each persistent
-  // CTA walks several (with a band, taken from the tile queue); with causal masking runs of them are
-  // fully masked (seqlen_q > seqlen_k).
+  // The last three shapes have more query tiles (288, 256; 576 to 768 in the last) than an H200 has
+  // SMs, so each persistent CTA walks several (with a band, taken from the tile queue), in the last
+  // shape at least three at every head dim, so each of two Q buffers is reused; with causal masking
+  // runs of them are fully masked (seqlen_q > seqlen_k). In the last, seqlen_q = 400 leaves the last
+  // query tile at most one consumer warpgroup's rows (16 unpacked), so the others have none.
   const std::vector<Problem> shapes = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
       {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
-      {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},
+      {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},   {6, 400, 100, 32, 8},
   };
   // bf16 runs every variant; fp16 (the same kernels with another element type) the plain masks
   // and one combination.
