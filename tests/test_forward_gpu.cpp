@@ -310,11 +310,11 @@ std::vector<GridCase> grid_cases(const std::vector<Problem>& shapes, const std::
 std::vector<GridCase> grid() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
   // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
-  // The last three shapes have more query tiles (288, 256; 576 to 768 in the last) than an H200 has
-  // SMs, so each persistent CTA walks several (with a band, taken from the tile queue), in the last
-  // shape at least three at every head dim, so each of two Q buffers is reused; with causal masking
-  // runs of them are fully masked (seqlen_q > seqlen_k). In the last, seqlen_q = 400 leaves the last
-  // query tile at most one consumer warpgroup's rows (16 unpacked), so the others have none.
+  // The last three shapes have more query tiles (288, 256; 432 to 624 in the last, whose query heads
+  // are packed) than an H200 has SMs, so each persistent CTA walks several (with a band, taken from
+  // the tile queue), in the last shape at least three; with causal masking runs of them are fully
+  // masked (seqlen_q > seqlen_k). In the last, the 1600 packed rows of a KV head leave the last
+  // query tile 64 rows, one consumer warpgroup's, so the others compute only padding.
   const std::vector<Problem> shapes = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
