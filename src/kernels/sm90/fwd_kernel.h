@@ -67,7 +67,11 @@ struct ForwardKernel {
   static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), num_sms);
+      // The K and V of one KV head, which the scheduler's tail group keeps in L2.
+      std::int64_t const kv_bytes =
+          std::int64_t{p.seqlen_k} * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), num_sms,
+                                  kv_bytes, heads / p.nheads_kv);
     } else {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
     }

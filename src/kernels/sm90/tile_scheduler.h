@@ -65,20 +65,54 @@ struct StaticPersistentScheduler {
 // d = 256 1k +15%, 2k +8%; elsewhere within 2%, but for d = 64 512 (0.96, a cell whose two base
 // rounds differed by 4%). Taking the next tile as a tile starts rather than near its end lost 4%
 // at d = 128 16k (a CTA then reserves its next tile a whole tile early).
+//
+// The tail group: head by head, the CTAs that take the last head's long tiles are those that freed
+// up first, and they end up to a whole long tile after the others, which have nothing left to take.
+// The queue's last `tail_heads` heads are therefore interleaved, longest first across them (rank 0
+// of each, then rank 1, ...), so the run ends on the shortest tiles of all of them. The group is as
+// many heads as it takes to hold about two long tiles per CTA (enough work to even out CTAs that
+// entered it up to a long tile apart), but no more than the heads whose K/V fill kTailGroupL2Bytes:
+// its tiles run side by side and read their K/V from L2.
 struct CausalScheduler {
+  static constexpr std::int64_t kTailGroupL2Bytes = 32ll << 20;  // of the H200's 60 MiB L2
+
   struct Params {
     int num_tiles;
-    int* tile_counter;             // the count of indices taken from the queue so far
-    cutlass::FastDivmod m_blocks;  // divides by the query tiles per head
-    cutlass::FastDivmod heads;     // divides by nheads
-    int ctas;                      // the grid size
+    int* tile_counter;               // the count of indices taken from the queue so far
+    cutlass::FastDivmod m_blocks;    // divides by the query tiles per head
+    cutlass::FastDivmod heads;       // divides by nheads
+    int ctas;                        // the grid size
+    int tail_start;                  // the index of the tail group's first tile
+    int tail_first_head;             // its first (head, batch) pair, as batch x nheads + head
+    cutlass::FastDivmod tail_heads;  // divides by the heads of the tail group
   };
 
-  // tile_counter: 4 bytes of workspace, zero at launch.
-  static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int num_sms) {
-    int const num_tiles = num_m_blocks * nheads * batch;
-    return {num_tiles, tile_counter, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads),
-            std::min(num_tiles, num_sms)};
+  // Heads of the tail group, of head_batches (heads x batch) each of num_m_blocks query tiles.
+  // kv_bytes: the K and V of one KV head, read by heads_per_kv consecutive heads.
+  static int tail_group_heads(int num_m_blocks, int head_batches, int ctas, std::int64_t kv_bytes,
+                              int heads_per_kv) {
+    int const balance = (2 * ctas + num_m_blocks - 1) / num_m_blocks;
+    std::int64_t const kv_heads_in_l2 = std::max<std::int64_t>(1, kTailGroupL2Bytes / std::max<std::int64_t>(kv_bytes, 1));
+    std::int64_t const in_l2 = kv_heads_in_l2 * heads_per_kv;
+    return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({balance, in_l2, head_batches})));
+  }
+
+  // tile_counter: 4 bytes of workspace, zero at launch. kv_bytes and heads_per_kv: as in
+  // tail_group_heads.
+  static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int num_sms,
+                          std::int64_t kv_bytes, int heads_per_kv) {
+    int const head_batches = nheads * batch;
+    int const num_tiles = num_m_blocks * head_batches;
+    int const ctas = std::min(num_tiles, num_sms);
+    int const tail = tail_group_heads(num_m_blocks, head_batches, ctas, kv_bytes, heads_per_kv);
+    return {num_tiles,
+            tile_counter,
+            cutlass::FastDivmod(num_m_blocks),
+            cutlass::FastDivmod(nheads),
+            ctas,
+            (head_batches - tail) * num_m_blocks,
+            head_batches - tail,
+            cutlass::FastDivmod(tail)};
   }
   static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas)); }
   // CTA c starts with tile c; the queue hands out the indices from the grid size on.
@@ -88,10 +122,17 @@ struct CausalScheduler {
   }
 
   static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
-    int head_batch, m, batch, head;
-    params.m_blocks(head_batch, m, index);
+    int head_batch, rank;  // rank 0: the head's last query tile
+    if (index < params.tail_start) {
+      params.m_blocks(head_batch, rank, index);
+    } else {
+      int in_group;
+      params.tail_heads(rank, in_group, index - params.tail_start);
+      head_batch = params.tail_first_head + in_group;
+    }
+    int batch, head;
     params.heads(batch, head, head_batch);
-    return {params.m_blocks.divisor - 1 - m, head, batch};
+    return {params.m_blocks.divisor - 1 - rank, head, batch};
   }
 };
 
