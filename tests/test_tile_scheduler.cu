@@ -48,18 +48,26 @@ TEST(CausalSchedule, QueueRunsHeadByHeadLongestFirstThenTailGroupByRank) {
   }
 }
 
-// The tail group holds about two long tiles per CTA, within the heads whose K/V fit the L2 budget
-// (whole KV groups), and within the heads there are.
+// The tail group holds about four long tiles per CTA, within the heads whose K/V fit the L2 budget
+// (whole KV groups), and within the heads there are; none where a head has about a multiple of the
+// CTAs' count of query tiles.
 TEST(CausalSchedule, TailGroupSize) {
   std::int64_t const budget = CausalScheduler::kTailGroupL2Bytes;
-  // 2 x 132 tiles of 128: 3 heads; K/V of 8 MB each fit 4 in the budget.
-  EXPECT_EQ(CausalScheduler::tail_group_heads(128, 16, 132, budget / 4, 1), 3);
-  // 2 x 132 tiles of 16: 17 heads, but only 4 KV heads' K/V fit, of 2 query heads each.
+  // 4 x 132 tiles of 100: 6 heads; K/V of budget / 8 each fit 8.
+  EXPECT_EQ(CausalScheduler::tail_group_heads(100, 16, 132, budget / 8, 1), 6);
+  // 4 x 132 tiles of 16: 33 heads, but only 4 KV heads' K/V fit, of 2 query heads each.
   EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, budget / 4, 2), 8);
   // K/V larger than the budget: one head, as head by head.
   EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, budget * 2, 1), 1);
   // Fewer heads than wanted: all of them.
   EXPECT_EQ(CausalScheduler::tail_group_heads(4, 5, 20, 1, 1), 5);
+  // About one or two CTA counts of query tiles per head: head by head.
+  for (int m_blocks : {124, 128, 132, 140, 256, 264}) {
+    EXPECT_EQ(CausalScheduler::tail_group_heads(m_blocks, 16, 132, 1, 1), 1) << m_blocks;
+  }
+  for (int m_blocks : {64, 86, 120, 150, 240}) {
+    EXPECT_GT(CausalScheduler::tail_group_heads(m_blocks, 16, 132, 1, 1), 1) << m_blocks;
+  }
 }
 
 // Without a mask: tile index = ((batch * nheads) + head) * num_m_blocks + query tile.
