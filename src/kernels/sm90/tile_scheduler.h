@@ -72,10 +72,10 @@ struct StaticPersistentScheduler {
 // of each, then rank 1, ...), so the run ends on the shortest tiles of all of them. The group is as
 // many heads as it takes to hold about four long tiles per CTA (enough work to even out CTAs that
 // entered it up to a long tile apart), but no more than the heads whose K/V fill kTailGroupL2Bytes:
-// its tiles run side by side and read their K/V from L2. A simulation of the queue (132 CTAs, a
-// tile costing its key tiles plus two) puts head by head at 0.89-0.95 of a perfect balance for
-// d = 128 and 256 causal from 1k to 8k (16k heads), the tail group at 0.97-0.995; H200, same
-// session: +2 to +6% there, d = 64 +1 to +3% (PERFORMANCE.md).
+// its tiles run side by side and read their K/V from L2. A simulation of the queue
+// (tools/simulate_queue.py: 132 CTAs, a tile costing its key tiles plus two) puts head by head at
+// 0.89-0.95 of a perfect balance for d = 128 and 256 causal from 1k to 8k (16k heads), the tail
+// group at 0.97-0.995; H200, same session: +2 to +6% there, d = 64 +1 to +3% (PERFORMANCE.md).
 // Exception: when a head's query tiles number about a multiple of the CTAs, head by head already
 // balances (the simulation: 0.998 and up): with as many tiles as CTAs, the CTA that took rank i
 // frees up when the one of rank nm - 1 - i is due, so each CTA's tiles pair up into equal sums.
