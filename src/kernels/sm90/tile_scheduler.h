@@ -74,7 +74,7 @@ struct StaticPersistentScheduler {
 // entered it up to a long tile apart), but no more than the heads whose K/V fill kTailGroupL2Bytes:
 // its tiles run side by side and read their K/V from L2. A simulation of the queue
 // (tools/simulate_queue.py: 132 CTAs, a tile costing its key tiles plus two) puts head by head at
-// 0.89-0.95 of a perfect balance for d = 128 and 256 causal from 1k to 8k (16k heads), the tail
+// 0.89-0.95 of a perfect balance for d = 128 and 256 causal from 1k to 8k (the peers grid), the tail
 // group at 0.97-0.995; H200, same session: +2 to +6% there, d = 64 +1 to +3% (PERFORMANCE.md).
 // Exception: when a head's query tiles number about a multiple of the CTAs, head by head already
 // balances (the simulation: 0.998 and up): with as many tiles as CTAs, the CTA that took rank i
