@@ -103,9 +103,10 @@ struct CausalScheduler {
     int const slack = ctas / 16, over = num_m_blocks % ctas;
     if (num_m_blocks + slack >= ctas && (over <= slack || over >= ctas - slack)) return 1;
     int const balance = (4 * ctas + num_m_blocks - 1) / num_m_blocks;
-    std::int64_t const kv_heads_in_l2 = std::max<std::int64_t>(1, kTailGroupL2Bytes / std::max<std::int64_t>(kv_bytes, 1));
-    std::int64_t const in_l2 = kv_heads_in_l2 * heads_per_kv;
-    return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({balance, in_l2, head_batches})));
+    std::int64_t const kv_heads_in_l2 =
+        std::max<std::int64_t>(1, kTailGroupL2Bytes / std::max<std::int64_t>(kv_bytes, 1));
+    // Each bound is at least 1.
+    return static_cast<int>(std::min<std::int64_t>({balance, kv_heads_in_l2 * heads_per_kv, head_batches}));
   }
 
   // tile_counter: 4 bytes of workspace, zero at launch. kv_bytes and heads_per_kv: as in
