@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How evenly the causal tile queue (src/kernels/sm90/tile_scheduler.h) spreads work over the CTAs.
 
-  tools/simulate_queue.py [--ctas 132] [--overhead 2] [--block-m 128]
+  tools/simulate_queue.py [--ctas 132] [--overhead 2] [--block-m 128] [--noise 0]
 
 A model, not a measurement: a tile of query rank r (0 = a head's last query tile) costs its key
 tiles, nm - r for nm query tiles per head under a causal mask with seqlen_q = seqlen_k and equal
@@ -9,10 +9,15 @@ query and key tiles, plus `overhead` key tiles' worth for its start and end. The
 queue's tiles in order as they free up, each starting with one. Prints, for the peers' grid (16k
 tokens, 2048 / d heads, causal), the fraction of a perfect balance (total work / CTAs over the
 time the last CTA ends) with the queue head by head and with the tail group as the scheduler
-forms it (CausalScheduler::tail_group_heads, mirrored below).
+forms it (CausalScheduler::tail_group_heads, mirrored below). With --noise F, each CTA runs at
+its own speed and each tile takes its own time, both scaled by a uniform factor in [1 - F, 1 + F]
+(the mean over five seeds), as real SMs and tiles do: how robust the order is.
 """
 import argparse
 import heapq
+import random
+
+SEEDS = 5
 
 TAIL_GROUP_L2_BYTES = 48 << 20  # CausalScheduler::kTailGroupL2Bytes
 
@@ -35,16 +40,23 @@ def queue(num_m_blocks, head_batches, tail):
     return head_by_head + by_rank
 
 
-def balance(costs, ctas, overhead):
-    """Total work / CTAs over the makespan, the CTAs taking tiles in order as they free up."""
-    free_at = [0.0] * ctas
-    heapq.heapify(free_at)
-    end = 0.0
-    for cost in costs:
-        t = heapq.heappop(free_at) + cost + overhead
-        end = max(end, t)
-        heapq.heappush(free_at, t)
-    return sum(c + overhead for c in costs) / ctas / end
+def balance(costs, ctas, overhead, noise=0.0):
+    """Total work / CTAs over the makespan, the CTAs taking tiles in order as they free up; with
+    noise, the mean over SEEDS draws of CTA speeds and tile times."""
+    total = 0.0
+    for seed in range(SEEDS if noise > 0 else 1):
+        draw = random.Random(seed)
+        speed = [1 + draw.uniform(-noise, noise) for _ in range(ctas)]
+        free_at = [(0.0, cta) for cta in range(ctas)]
+        heapq.heapify(free_at)
+        end = 0.0
+        for cost in costs:
+            t, cta = heapq.heappop(free_at)
+            t += (cost + overhead) * speed[cta] * (1 + draw.uniform(-noise, noise))
+            end = max(end, t)
+            heapq.heappush(free_at, (t, cta))
+        total += sum(c + overhead for c in costs) / ctas / end
+    return total / (SEEDS if noise > 0 else 1)
 
 
 def main():
@@ -52,6 +64,7 @@ def main():
     parser.add_argument("--ctas", type=int, default=132)
     parser.add_argument("--overhead", type=float, default=2.0)
     parser.add_argument("--block-m", type=int, default=128, help="query rows per tile (the key tiles taken as tall)")
+    parser.add_argument("--noise", type=float, default=0.0, help="spread of CTA speeds and tile times (0.02: +-2%%)")
     args = parser.parse_args()
     print("| d | seqlen | query tiles per head | heads x batch | tail group | head by head | with tail group |")
     print("|---|---|---|---|---|---|---|")
@@ -61,8 +74,8 @@ def main():
             head_batches = 2048 // d * (16384 // seqlen)
             ctas = min(args.ctas, nm * head_batches)
             tail = tail_group_heads(nm, head_batches, ctas, seqlen * 2 * d * 2)
-            plain = balance(queue(nm, head_batches, 1), ctas, args.overhead)
-            grouped = balance(queue(nm, head_batches, tail), ctas, args.overhead)
+            plain = balance(queue(nm, head_batches, 1), ctas, args.overhead, args.noise)
+            grouped = balance(queue(nm, head_batches, tail), ctas, args.overhead, args.noise)
             print(f"| {d} | {seqlen} | {nm} | {head_batches} | {tail} | {plain:.3f} | {grouped:.3f} |")
 
 
