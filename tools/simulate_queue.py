@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How evenly the causal tile queue (src/kernels/sm90/tile_scheduler.h) spreads work over the CTAs.
 
-  tools/simulate_queue.py [--ctas 132] [--overhead 2] [--block-m 128] [--noise 0]
+  tools/simulate_queue.py [--ctas 132] [--overhead 2] [--block-m 128] [--noise 0] [--tail-heads N]
 
 A model, not a measurement: a tile of query rank r (0 = a head's last query tile) costs its key
 tiles, nm - r for nm query tiles per head under a causal mask with seqlen_q = seqlen_k and equal
@@ -11,7 +11,8 @@ tokens, 2048 / d heads, causal), the fraction of a perfect balance (total work /
 time the last CTA ends) with the queue head by head and with the tail group as the scheduler
 forms it (CausalScheduler::tail_group_heads, mirrored below). With --noise F, each CTA runs at
 its own speed and each tile takes its own time, both scaled by a uniform factor in [1 - F, 1 + F]
-(the mean over five seeds), as real SMs and tiles do: how robust the order is.
+(the mean over five seeds), as real SMs and tiles do: how robust the order is. --tail-heads N
+models a tail group of N heads (at most the grid's) in place of the scheduler's.
 """
 import argparse
 import heapq
@@ -65,6 +66,7 @@ def main():
     parser.add_argument("--overhead", type=float, default=2.0)
     parser.add_argument("--block-m", type=int, default=128, help="query rows per tile (the key tiles taken as tall)")
     parser.add_argument("--noise", type=float, default=0.0, help="spread of CTA speeds and tile times (0.02: +-2%%)")
+    parser.add_argument("--tail-heads", type=int, default=0, help="tail group size to model (0: the scheduler's)")
     args = parser.parse_args()
     print("| d | seqlen | query tiles per head | heads x batch | tail group | head by head | with tail group |")
     print("|---|---|---|---|---|---|---|")
@@ -74,6 +76,8 @@ def main():
             head_batches = 2048 // d * (16384 // seqlen)
             ctas = min(args.ctas, nm * head_batches)
             tail = tail_group_heads(nm, head_batches, ctas, seqlen * 2 * d * 2)
+            if args.tail_heads > 0:
+                tail = min(args.tail_heads, head_batches)
             plain = balance(queue(nm, head_batches, 1), ctas, args.overhead, args.noise)
             grouped = balance(queue(nm, head_batches, tail), ctas, args.overhead, args.noise)
             print(f"| {d} | {seqlen} | {nm} | {head_batches} | {tail} | {plain:.3f} | {grouped:.3f} |")
