@@ -44,8 +44,9 @@ def queue(num_m_blocks, head_batches, tail):
 def balance(costs, ctas, overhead, noise=0.0):
     """Total work / CTAs over the makespan, the CTAs taking tiles in order as they free up; with
     noise, the mean over SEEDS draws of CTA speeds and tile times."""
+    seeds = SEEDS if noise > 0 else 1
     total = 0.0
-    for seed in range(SEEDS if noise > 0 else 1):
+    for seed in range(seeds):
         draw = random.Random(seed)
         speed = [1 + draw.uniform(-noise, noise) for _ in range(ctas)]
         free_at = [(0.0, cta) for cta in range(ctas)]
@@ -57,7 +58,7 @@ def balance(costs, ctas, overhead, noise=0.0):
             end = max(end, t)
             heapq.heappush(free_at, (t, cta))
         total += sum(c + overhead for c in costs) / ctas / end
-    return total / (SEEDS if noise > 0 else 1)
+    return total / seeds
 
 
 def main():
