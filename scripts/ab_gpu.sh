@@ -46,7 +46,7 @@ done
 wait
 for tv in ${TEST_VARIANT:-}; do
   t=/tmp/ab/$tv/build/tests/flashhop_tests
-  timeout 200 "$t" --gtest_brief=1 --gtest_filter="${TEST_FILTER:-*}" >"$OUT/test_$tv.log" 2>&1
+  timeout 450 "$t" --gtest_brief=1 --gtest_filter="${TEST_FILTER:-*}" >"$OUT/test_$tv.log" 2>&1
   echo "test $tv rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_$tv.log" | tr '\n' ' ') $(( $(date +%s) - start )) s"
   grep "^\[  FAILED  \]" "$OUT/test_$tv.log" | head -5
   if [[ -n ${RACE_FILTER:-} ]]; then

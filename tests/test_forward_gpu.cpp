@@ -310,11 +310,12 @@ std::vector<GridCase> grid_cases(const std::vector<Problem>& shapes, const std::
 std::vector<GridCase> grid() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv); head dims are set per case. Heads are few so that
   // the CPU reference stays cheap; together the shapes cover GQA ratios 1, 2, 8 and all-to-one.
-  // The last three shapes have more query tiles (288, 256; 432 to 624 in the last, whose query heads
-  // are packed) than an H200 has SMs, so each persistent CTA walks several (with a band, taken from
-  // the tile queue), in the last shape at least three; with causal masking runs of them are fully
-  // masked (seqlen_q > seqlen_k). In the last, the 1600 packed rows of a KV head leave the last
-  // query tile 64 rows, one consumer warpgroup's, so the others compute only padding.
+  // The three shapes from {2, 1100, 300, 16, 4} have more query tiles (288, 256; 432 to 624 in
+  // {6, 400, 100, 32, 8}, whose query heads are packed) than an H200 has SMs, so each persistent CTA
+  // walks several (with a band, taken from the tile queue), in {6, 400, ...} at least three; with
+  // causal masking runs of them are fully masked (seqlen_q > seqlen_k). In {6, 400, ...} the 1600
+  // packed rows of a KV head leave the last query tile 64 rows, one consumer warpgroup's, so the
+  // others compute only padding.
   const std::vector<Problem> shapes = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
@@ -344,6 +345,17 @@ TEST_P(ForwardGpu, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
+
+// Without a mask, at d = 96 and 128, the tiles past the last whole round of an H200's 132 SMs are
+// split over the CTAs by key tiles (split_round.h) where that saves enough; the parts merge through
+// the workspace. In {2, 1100, 1500, 16, 4} 24 tiles of 8 or 12 key tiles split into five or six
+// parts each; in {4, 1, 1152, 37, 37} (148 one-row tiles; at d = 128 of 9 key tiles) 16 into eight
+// or nine. The other head dims run these shapes unsplit.
+std::vector<GridCase> split_round_cases() {
+  return grid_cases({{2, 1100, 1500, 16, 4}, {4, 1, 1152, 37, 37}}, {kFull}, {kFull});
+}
+INSTANTIATE_TEST_SUITE_P(SplitRound, ForwardGpu, ::testing::ValuesIn(split_round_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
 // ---- packed GQA rows: the query heads of a KV group share the query tiles ----------------------

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "kernels/sm90/tile_scheduler.h"
 
@@ -75,7 +78,8 @@ TEST(StaticPersistentSchedule, QueryTileFastestThenHeadThenBatch) {
   using flashhop::sm90::StaticPersistentScheduler;
   for (auto [m_blocks, nheads, batch] :
        {std::tuple{1, 1, 1}, std::tuple{4, 16, 32}, std::tuple{7, 3, 5}, std::tuple{128, 1, 1}}) {
-    StaticPersistentScheduler::Params const params = StaticPersistentScheduler::to_params(m_blocks, nheads, batch);
+    StaticPersistentScheduler::Params const params =
+        StaticPersistentScheduler::to_params(m_blocks, nheads, batch, 132, 8, /*split=*/false);
     ASSERT_EQ(params.num_tiles, m_blocks * nheads * batch);
     EXPECT_EQ(StaticPersistentScheduler::grid(params, 132).x, unsigned(std::min(params.num_tiles, 132)));
     for (int index = 0; index < params.num_tiles; ++index) {
@@ -85,6 +89,92 @@ TEST(StaticPersistentSchedule, QueryTileFastestThenHeadThenBatch) {
       EXPECT_EQ(t.batch, index / m_blocks / nheads);
     }
   }
+}
+
+// The split last round: walking every CTA's indices visits each whole tile once and covers each
+// split tile's key tiles once, in parts of at most two per CTA; a tile's parts, as parts_of lists
+// them, are exactly the CTAs' parts of it, in key order.
+TEST(StaticPersistentSchedule, SplitRoundCoversEveryKeyTileOnce) {
+  using flashhop::sm90::SplitRound;
+  using flashhop::sm90::StaticPersistentScheduler;
+  int splits = 0;
+  for (int num_sms : {132, 114, 7}) {
+    for (auto [m_blocks, nheads, batch, key_tiles] :
+         {std::tuple{1, 1, 1, 1}, std::tuple{8, 16, 16, 8}, std::tuple{128, 16, 1, 128}, std::tuple{8, 8, 4, 3},
+          std::tuple{9, 16, 2, 9}, std::tuple{3, 64, 1, 6}, std::tuple{5, 27, 1, 1}, std::tuple{7, 3, 5, 40},
+          std::tuple{8, 16, 16, 16}, std::tuple{9, 16, 2, 30}}) {
+      StaticPersistentScheduler::Params const params =
+          StaticPersistentScheduler::to_params(m_blocks, nheads, batch, num_sms, key_tiles, /*split=*/true);
+      SplitRound const& plan = params.split;
+      int const num_tiles = m_blocks * nheads * batch, ctas = std::min(num_tiles, num_sms);
+      ASSERT_EQ(plan.ctas, ctas);
+      ASSERT_EQ(params.num_tiles, num_tiles);
+      splits += plan.splits();
+      if (plan.splits()) {
+        EXPECT_EQ(plan.whole_tiles % ctas, 0);
+        EXPECT_EQ(plan.steps, (num_tiles - plan.whole_tiles) * key_tiles);
+      } else {
+        EXPECT_EQ(plan.whole_tiles, num_tiles);
+      }
+      std::vector<int> whole_seen(num_tiles, 0);
+      std::vector<std::vector<int>> key_seen(num_tiles, std::vector<int>(key_tiles, 0));
+      // (split tile) -> the (CTA, k) of its parts, in the order of their key tiles.
+      std::map<int, std::vector<std::pair<int, int>>> parts_seen;
+      for (int cta = 0; cta < ctas; ++cta) {
+        int parts = 0;
+        for (int index = StaticPersistentScheduler::first_tile<true>(params, cta);
+             StaticPersistentScheduler::has_tile(params, index);
+             index = StaticPersistentScheduler::next_tile<true>(params, cta, index)) {
+          ForwardTile const t = StaticPersistentScheduler::tile(params, index);
+          int const tile = (t.batch * nheads + t.head) * m_blocks + t.m_block;
+          if (!StaticPersistentScheduler::is_part(params, index)) {
+            EXPECT_LT(tile, plan.whole_tiles);
+            ++whole_seen[tile];
+            continue;
+          }
+          ++parts;
+          int const slot = index - num_tiles;
+          EXPECT_EQ(slot / 2, cta);
+          SplitRound::Part const part = StaticPersistentScheduler::part(params, index);
+          ASSERT_TRUE(part.exists);
+          EXPECT_EQ(tile, plan.whole_tiles + part.tile);
+          ASSERT_LT(part.key_begin, part.key_end);
+          for (int n = part.key_begin; n < part.key_end; ++n) ++key_seen[tile][n];
+          parts_seen[part.tile].push_back({part.key_begin, slot});
+        }
+        EXPECT_LE(parts, 2) << "cta " << cta;
+      }
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        if (tile < plan.whole_tiles) {
+          EXPECT_EQ(whole_seen[tile], 1) << "tile " << tile;
+        } else {
+          for (int n = 0; n < key_tiles; ++n) EXPECT_EQ(key_seen[tile][n], 1) << "tile " << tile << " key tile " << n;
+        }
+      }
+      for (auto& [split_tile, seen] : parts_seen) {
+        std::sort(seen.begin(), seen.end());
+        SplitRound::Parts const parts = plan.parts_of(split_tile);
+        ASSERT_EQ(parts.count, int(seen.size())) << "split tile " << split_tile;
+        for (int p = 0; p < parts.count; ++p) {
+          EXPECT_EQ(SplitRound::slot(parts.first_cta + p, p == 0 && parts.first_is_second ? 1 : 0), seen[p].second)
+              << "split tile " << split_tile << " part " << p;
+        }
+      }
+    }
+  }
+  EXPECT_GT(splits, 5);  // the shapes above split in most configurations
+}
+
+// A round splits only where that saves each CTA kMinSavedKeyTiles key tiles on average: 2048 tiles
+// on 132 SMs leave 68, whose split saves key_tiles x 64 / 132.
+TEST(StaticPersistentSchedule, SplitsOnlyWhereTheLastRoundSavesEnough) {
+  using flashhop::sm90::SplitRound;
+  static_assert(SplitRound::kMinSavedKeyTiles == 6, "the key tile counts below straddle 6 saved");
+  EXPECT_FALSE(SplitRound::plan(2048, 12, 132).splits());  // 5.8 saved
+  EXPECT_TRUE(SplitRound::plan(2048, 13, 132).splits());   // 6.3 saved
+  EXPECT_FALSE(SplitRound::plan(2111, 500, 132).splits());  // rest 131: 3.8 saved, most CTAs are busy anyway
+  EXPECT_TRUE(SplitRound::plan(2110, 500, 132).splits());   // rest 130: 7.6 saved
+  EXPECT_FALSE(SplitRound::plan(2048, 128, 2048).splits());        // one whole round
 }
 
 }  // namespace

@@ -84,11 +84,13 @@ struct ForwardArgs {
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): 4 with a
-// causal or window mask (the counter of the kernel's tile queue), else 0.
+// causal or window mask (the counter of the kernel's tile queue); without a mask at head dims 96
+// and 128, when the tiles leave a last round that pays to split over the device's SMs, room for
+// the split's partial results (for the current device's SM count, up to about 20 MB); else 0.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.
-// `workspace` must hold at least forward_workspace_size() bytes of device memory, 4-byte aligned
+// `workspace` must hold at least forward_workspace_size() bytes of device memory, 16-byte aligned
 // (may be null when that is 0); forward initialises it on `stream`, and no other call in flight may
 // use it at the same time.
 // On any error nothing is launched and the message says what was wrong.

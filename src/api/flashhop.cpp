@@ -7,6 +7,8 @@
 #include <string>
 
 #include "api/forward_params.h"
+#include "kernels/sm90/split_round.h"
+#include "kernels/sm90/tile_config.h"
 
 namespace flashhop {
 
@@ -53,9 +55,31 @@ TensorDesc make_contiguous(void* data, DType dtype, std::initializer_list<std::i
 
 namespace {
 
-// With a band, the tile queue's counter (tile_scheduler.h); without, the kernels keep all their
-// state on chip.
-std::size_t required_workspace_bytes(const detail::ForwardParams& params) { return params.local ? sizeof(int) : 0; }
+// Every workspace starts on this boundary (the split round's partial results move as float4).
+constexpr std::size_t kWorkspaceAlignment = 16;
+
+// With a band, the tile queue's counter (tile_scheduler.h). Without one, for unpacked rows, the
+// counters and partial results of the split last round (split_round.h), planned for the device's
+// SM count as the kernel plans it; none where no round splits, or where the SM count cannot be
+// read (then the kernel, given no workspace, splits nothing either).
+std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
+  if (params.local) return sizeof(int);
+  if (params.pack_gqa || params.seqlen_q == 0) return 0;
+  int num_sms = 0;
+  if (cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, params.device) != cudaSuccess) {
+    cudaGetLastError();  // the failed query's error is not this call's
+    return 0;
+  }
+  const sm90::ForwardTileConfig tile = sm90::forward_tile_config(params.head_dim, /*local=*/false);
+  if (!sm90::splits_last_round(params.head_dim, tile.block_m / 64)) return 0;
+  const std::int64_t num_tiles =
+      std::int64_t{(params.seqlen_q + tile.block_m - 1) / tile.block_m} * params.nheads * params.batch;
+  if (num_tiles > INT32_MAX) return 0;
+  const int tiles = static_cast<int>(num_tiles);
+  const sm90::SplitRound plan =
+      sm90::SplitRound::plan(tiles, (params.seqlen_k + tile.block_n - 1) / tile.block_n, std::min(tiles, num_sms));
+  return sm90::SplitWorkspace::bytes(plan, tile.block_m / 64, params.head_dim_v);
+}
 
 Status cuda_error(const char* what, cudaError_t error) {
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(error)};
@@ -124,9 +148,9 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
                                               ": expected a workspace of at least " + std::to_string(required) +
                                               " bytes (forward_workspace_size)"};
   }
-  if (required > 0 && reinterpret_cast<std::uintptr_t>(workspace) % alignof(int) != 0) {
+  if (required > 0 && reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment != 0) {
     std::ostringstream message;
-    message << "workspace = " << workspace << ": expected an address aligned to " << alignof(int) << " bytes";
+    message << "workspace = " << workspace << ": expected an address aligned to " << kWorkspaceAlignment << " bytes";
     return {StatusCode::kInvalidArgument, message.str()};
   }
   params.workspace = required > 0 ? workspace : nullptr;

@@ -39,7 +39,8 @@ struct ForwardParams {
   // (sm90::has_wide_band_tiles); never with pack_gqa.
   bool wide_band = false;
   // forward()'s workspace: with a band (`local`), the int counter of the tile queue
-  // (CausalScheduler), zeroed before the kernel; else null.
+  // (CausalScheduler), zeroed before the kernel; without, the split last round's counters and
+  // partial results (split_round.h) where it splits one; else null.
   void* workspace = nullptr;
   int device = 0;
 };

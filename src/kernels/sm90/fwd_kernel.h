@@ -13,6 +13,7 @@
 #include "kernels/sm90/epilogue.h"
 #include "kernels/sm90/fwd_mainloop.h"
 #include "kernels/sm90/softmax.h"
+#include "kernels/sm90/split_combine.h"
 #include "kernels/sm90/tile_scheduler.h"
 
 namespace flashhop::sm90 {
@@ -26,6 +27,11 @@ struct ForwardKernel {
   using Pipeline = typename Mainloop::Pipeline;
   // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
   using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
+  // Equal tiles of unpacked rows split their last round over the CTAs (split_round.h) when the
+  // workspace holds it.
+  static constexpr bool kSplitRound = !Mask::kIsLocal && !Mainloop::kPackGqa &&
+                                      splits_last_round(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups);
+  using SplitMerge = SplitCombine<Mainloop::kHeadDimV, Mainloop::kConsumerWarpGroups>;
 
   struct NoStorage {};
   struct SharedStorage {
@@ -36,6 +42,7 @@ struct ForwardKernel {
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
     TileRing tiles;                                   // the queue's tile indices (causal and window masks)
+    int split_last[Mainloop::kConsumerWarpGroups];    // per consumer: its part of a split tile finished last
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static constexpr int kThreads = Mainloop::Roles::kThreads;
@@ -49,11 +56,15 @@ struct ForwardKernel {
     typename Epilogue::Params epilogue;
     Mask mask;
     typename Scheduler::Params scheduler;
+    typename SplitMerge::Params split;  // null pointers unless the scheduler splits a round
   };
 
   // num_sms: the device's, which the persistent grids are sized to.
   static Params to_params(detail::ForwardParams const& p, int num_sms) {
-    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), make_scheduler_params(p, num_sms)};
+    typename Scheduler::Params const scheduler = make_scheduler_params(p, num_sms);
+    typename SplitMerge::Params split{nullptr, nullptr};
+    if constexpr (kSplitRound) split = SplitMerge::to_params(p.workspace, scheduler.split);
+    return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), scheduler, split};
   }
 
   static Mask make_mask(detail::ForwardParams const& p) {
@@ -73,7 +84,9 @@ struct ForwardKernel {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), num_sms,
                                   kv_bytes, heads / p.nheads_kv);
     } else {
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch);
+      int const key_tiles = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, num_sms, key_tiles,
+                                  kSplitRound && p.workspace != nullptr);
     }
   }
 
@@ -90,10 +103,18 @@ struct ForwardKernel {
   template <class TileLoads, class Visit>
   static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
                                         TileLoads const& tile_loads, Visit const& visit) {
-    for (int index = Scheduler::first_tile(), t = 0; index < scheduler.num_tiles; ++t) {
+    int first;
+    if constexpr (Mask::kIsLocal) {
+      first = Scheduler::first_tile(scheduler);
+    } else {
+      first = Scheduler::template first_tile<kSplitRound>(scheduler, blockIdx.x);
+    }
+    for (int index = first, t = 0; Scheduler::has_tile(scheduler, index); ++t) {
       NextTile next{-1, false};
+      bool have_next = false;
       auto const take_next = [&] {
-        if (next.index >= 0) return next;
+        if (have_next) return next;
+        have_next = true;
         if constexpr (Mask::kIsLocal) {
           if (taker) {
             int const taken = Scheduler::take_next_tile(scheduler);
@@ -103,7 +124,7 @@ struct ForwardKernel {
             next = ring.take(t);
           }
         } else {
-          int const following = Scheduler::next_tile(scheduler, index);
+          int const following = Scheduler::template next_tile<kSplitRound>(scheduler, blockIdx.x, index);
           next = {following, tile_loads(following)};
         }
         return next;
@@ -119,12 +140,22 @@ struct ForwardKernel {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
     using Roles = typename Mainloop::Roles;
     int const warp_group = cutlass::canonical_warp_group_idx();  // 0: producer, 1 ..: consumers
-    auto const key_blocks = [&](ForwardTile const& tile) {
-      return Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
+    // The key tiles of tile `index`: those its mask leaves, or a part's share of them.
+    auto const key_blocks = [&](int index, ForwardTile const& tile) {
+      KeyBlocks blocks = Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
+      if constexpr (kSplitRound) {
+        if (Scheduler::is_part(params.scheduler, index)) {
+          SplitRound::Part const part = Scheduler::part(params.scheduler, index);
+          blocks.begin = part.key_begin;
+          blocks.end = part.key_end;
+        }
+      }
+      return blocks;
     };
     // A tile whose query rows see no key loads nothing; its epilogue still writes O = 0, LSE = -inf.
     auto const tile_loads = [&](int index) {
-      return index < params.scheduler.num_tiles && !key_blocks(Scheduler::tile(params.scheduler, index)).empty();
+      return Scheduler::has_tile(params.scheduler, index) &&
+             !key_blocks(index, Scheduler::tile(params.scheduler, index)).empty();
     };
 
     // q_free is arrived by each consumer warpgroup (Epilogue::kQFreeArrivalsPerWarpGroup threads of
@@ -160,7 +191,7 @@ struct ForwardKernel {
         bool first = true;
         walk_tiles(params.scheduler, shared.tiles, taker, tile_loads, [&](int index, auto const&) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
-          KeyBlocks const blocks = key_blocks(tile);
+          KeyBlocks const blocks = key_blocks(index, tile);
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
           auto const wait_q_free = [&] {
             if (first) return;
@@ -201,7 +232,7 @@ struct ForwardKernel {
       Mainloop::MmaTurns::init(consumer);
       walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, tile_loads, [&](int index, auto const& take_next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
-        KeyBlocks const blocks = key_blocks(tile);
+        KeyBlocks const blocks = key_blocks(index, tile);
         // Set once this warpgroup no longer reads Q: the next tile loads, so the producer waits for
         // this tile to release Q's buffer (q_free).
         bool release_q = false;
@@ -223,7 +254,19 @@ struct ForwardKernel {
         } else {
           q_read_done();
         }
-        auto const lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale);
+        auto lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale);
+        if constexpr (kSplitRound) {
+          // A part of a split tile: unless it is the tile's last part to finish, which takes over
+          // the merged O and LSE of all parts, it stores nothing.
+          if (Scheduler::is_part(params.scheduler, index) &&
+              !SplitMerge::merge(params.split, params.scheduler.split, Scheduler::part(params.scheduler, index),
+                                 index - params.scheduler.num_tiles, shared.split_last[consumer], o_accum, lse,
+                                 thread_idx, consumer)) {
+            // O never passes through Q's buffer here, so the warpgroup is done with it.
+            if (!Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
+            return;
+          }
+        }
         Element* const smem_o = [&] {
           if constexpr (Epilogue::kOwnBuffer) {
             return shared.epilogue.o.data();

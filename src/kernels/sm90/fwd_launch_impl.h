@@ -26,9 +26,18 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
   }
+  // The tile queue's counter (tile_scheduler.h), or the split round's counters (split_round.h),
+  // start at zero in every call.
+  std::size_t counter_bytes = 0;
   if constexpr (Mask::kIsLocal) {
-    // The tile queue's counter (tile_scheduler.h) starts at zero in every call.
-    err = cudaMemsetAsync(p.workspace, 0, sizeof(int), stream);
+    counter_bytes = sizeof(int);
+  } else if constexpr (Kernel::kSplitRound) {
+    if (params.scheduler.split.splits()) {
+      counter_bytes = SplitWorkspace::counter_bytes(params.scheduler.split, Mainloop::kConsumerWarpGroups);
+    }
+  }
+  if (counter_bytes > 0) {
+    err = cudaMemsetAsync(p.workspace, 0, counter_bytes, stream);
     if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaMemsetAsync: ") + cudaGetErrorString(err)};
   }
   kernel<<<Scheduler::grid(params.scheduler, num_sms), Kernel::kThreads, Kernel::kSharedBytes, stream>>>(params);

@@ -190,9 +190,10 @@ struct ForwardMainloop {
   static constexpr int kQFullArrivals = kPackGqa ? 32 : 1;
 
   // Producer, one thread, for one tile that visits key tiles [blocks.begin, blocks.end): the K and
-  // V of key tiles blocks.end - 1 down to blocks.begin, each into the next free stage of its ring,
-  // and Q unless packed. The first K/V pair goes out before Q, whose buffer may still hold the
-  // previous tile's O: `wait_q_free` returns once the epilogue has released it.
+  // V of key tile blocks.first(), then of blocks.end - 1 down to blocks.begin but that one, each
+  // into the next free stage of its ring, and Q unless packed. The first K/V pair goes out before
+  // Q, whose buffer may still hold the previous tile's O: `wait_q_free` returns once the epilogue
+  // has released it.
   template <class WaitQFree>
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, cutlass::arch::ClusterTransactionBarrier& q_full,
                                   Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& write, int m_block,
@@ -229,7 +230,8 @@ struct ForwardMainloop {
            tVsV(_, _, _, write.index()));
       ++write;
     };
-    load_kv(blocks.end - 1);
+    int const first_block = blocks.first();
+    load_kv(first_block);
     if constexpr (!kPackGqa) {
       wait_q_free();
       using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
@@ -238,7 +240,9 @@ struct ForwardMainloop {
     }
     // Not unrolled: each load waits for a free stage anyway, and the producer has 24 registers.
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int n_block = blocks.end - 2; n_block >= blocks.begin; --n_block) load_kv(n_block);
+    for (int n_block = blocks.end - 1; n_block >= blocks.begin; --n_block) {
+      if (n_block != first_block) load_kv(n_block);
+    }
   }
 
   // Producer warp, packed Q only (lane in [0, 32)): gathers the tile's rows, each from its own query
@@ -339,7 +343,8 @@ struct ForwardMainloop {
     Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_first.layout()));
 
     q_full.wait(q_phase);
-    int n_block = blocks.end - 1;
+    int const first_block = blocks.first();
+    int n_block = first_block;
     MmaTurns::wait_turn(consumer);
     pipeline_k.consumer_wait(k_read);
     warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_first);
@@ -354,6 +359,8 @@ struct ForwardMainloop {
     }
     PipelineState v_read = k_read;  // V of the previous key tile, consumed by the pending P V
     ++k_read;
+    // The walk: key tiles blocks.end - 1 down to blocks.begin, but first_block.
+    n_block = first_block == blocks.end - 1 ? blocks.end - 2 : blocks.end - 1;
 
     // The factor that takes O from the previous running max to the current one, owed after each
     // softmax and paid before the next P V (while the tensor cores run the next S GEMM).
@@ -392,9 +399,10 @@ struct ForwardMainloop {
     // (Q's descriptors, reloaded per key tile); H200, same session, single loop against a loop per
     // kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485 against 462.
     auto walk = [&](auto softcap) {
-      for (--n_block; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
+      for (; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
         step(n_block, true_type{}, softcap);
       }
+      if (n_block == first_block) --n_block;  // the highest whole tile, which the first step took
       for (; n_block >= blocks.begin && (!Mask::kIsLocal || n_block >= blocks.left_masked_below); --n_block) {
         step(n_block, false_type{}, softcap);
       }
@@ -403,7 +411,8 @@ struct ForwardMainloop {
       }
     };
     if constexpr ((kHeadDim > 128 || kConsumerWarpGroups > 2) && Mask::kIsLocal) {
-      for (--n_block; n_block >= blocks.begin; --n_block) {
+      for (; n_block >= blocks.begin; --n_block) {
+        if (n_block == first_block) continue;
         if (needs_mask(n_block)) {
           step(n_block, true_type{}, params.softcap);
         } else {

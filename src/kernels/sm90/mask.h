@@ -1,8 +1,9 @@
 // Masks of the sm90 forward kernel as small policies. For a query tile (the queries first_query ..
 // last_query) a mask answers which key tiles it visits and which of those need masking (KeyBlocks),
-// and for a query which keys it sees (RowKeys). The mainloop walks key tiles downwards: first the
-// tiles cut by the right edge of the visible band (the causal diagonal, the end of the keys), then
-// whole tiles, then the tiles cut by its left edge (a sliding window).
+// and for a query which keys it sees (RowKeys). The mainloop starts on one key tile
+// (KeyBlocks::first: a whole one where it can) and then walks the others downwards: first the tiles
+// cut by the right edge of the visible band (the causal diagonal, the end of the keys), then whole
+// tiles, then the tiles cut by its left edge (a sliding window). Host-callable, for the tests.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,7 +16,16 @@ namespace flashhop::sm90 {
 struct KeyBlocks {
   int begin, end;
   int right_masked_from, left_masked_below;
-  CUTLASS_DEVICE bool empty() const { return end <= begin; }
+  CUTLASS_HOST_DEVICE bool empty() const { return end <= begin; }
+  // The key tile a tile's walk starts with; the walk then runs down from end - 1, past it. The
+  // first softmax is the one step with no P V of its own warpgroup to overlap, so it starts on a
+  // whole tile (no masking code) where the last tile is masked and a whole one exists, the
+  // highest; else on end - 1.
+  CUTLASS_HOST_DEVICE int first() const {
+    int const whole_end = end < right_masked_from ? end : right_masked_from;
+    int const whole_begin = begin > left_masked_below ? begin : left_masked_below;
+    return whole_end > whole_begin && whole_end < end ? whole_end - 1 : end - 1;
+  }
 };
 
 // Keys [begin, end) are visible to one query row.
@@ -31,10 +41,10 @@ struct NoMask {
   int seqlen_q, seqlen_k;
 
   template <int kBlockN>
-  CUTLASS_DEVICE KeyBlocks key_blocks(int /*first_query*/, int /*last_query*/) const {
+  CUTLASS_HOST_DEVICE KeyBlocks key_blocks(int /*first_query*/, int /*last_query*/) const {
     return {0, cute::ceil_div(seqlen_k, kBlockN), seqlen_k / kBlockN, 0};
   }
-  CUTLASS_DEVICE RowKeys row_keys(int /*query*/) const { return {0, seqlen_k}; }
+  CUTLASS_HOST_DEVICE RowKeys row_keys(int /*query*/) const { return {0, seqlen_k}; }
 };
 
 // A band around the diagonal, aligned to the bottom-right corner: query row i sees keys j with
@@ -50,13 +60,13 @@ struct LocalMask {
   int window_left, window_right;  // in [0, seqlen_k] and [0, seqlen_q]
 
   // First and one-past-last key row `row` could see, before clipping to [0, seqlen_k).
-  CUTLASS_DEVICE int band_begin(int row) const { return row + (seqlen_k - seqlen_q) - window_left; }
-  CUTLASS_DEVICE int band_end(int row) const { return row + (seqlen_k - seqlen_q) + window_right + 1; }
-  CUTLASS_DEVICE int clip(int key) const { return key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key); }
+  CUTLASS_HOST_DEVICE int band_begin(int row) const { return row + (seqlen_k - seqlen_q) - window_left; }
+  CUTLASS_HOST_DEVICE int band_end(int row) const { return row + (seqlen_k - seqlen_q) + window_right + 1; }
+  CUTLASS_HOST_DEVICE int clip(int key) const { return key < 0 ? 0 : (key > seqlen_k ? seqlen_k : key); }
 
   // Queries past seqlen_q in the last query tile are computed but never stored; they count too.
   template <int kBlockN>
-  CUTLASS_DEVICE KeyBlocks key_blocks(int first_query, int last_query) const {
+  CUTLASS_HOST_DEVICE KeyBlocks key_blocks(int first_query, int last_query) const {
     int const key_begin = clip(band_begin(first_query));
     int const key_end = clip(band_end(last_query));
     if (key_end <= key_begin) return {0, 0, 0, 0};
@@ -70,7 +80,7 @@ struct LocalMask {
     blocks.left_masked_below = cute::ceil_div(clip(band_begin(last_query)), kBlockN);
     return blocks;
   }
-  CUTLASS_DEVICE RowKeys row_keys(int row) const {
+  CUTLASS_HOST_DEVICE RowKeys row_keys(int row) const {
     return {clip(band_begin(row)), clip(band_end(row))};
   }
 };

@@ -1,7 +1,7 @@
 // Tile schedulers of the sm90 forward kernel. A work tile is one query tile (block_m rows) of one
-// head of one batch entry. Each CTA walks a sequence of tile indices, from first_tile() while the
-// index is below num_tiles: statically strided (StaticPersistentScheduler::next_tile), or taken
-// from a queue in global memory and handed to the CTA's roles through a TileRing (CausalScheduler).
+// head of one batch entry. Each CTA walks a sequence of tile indices, from first_tile() while
+// has_tile(): statically strided (StaticPersistentScheduler::next_tile), or taken from a queue in
+// global memory and handed to the CTA's roles through a TileRing (CausalScheduler).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/fast_math.h>
+
+#include "kernels/sm90/split_round.h"
 
 namespace flashhop::sm90 {
 
@@ -27,28 +29,65 @@ struct ForwardTile {
 // Equal tiles (no causal mask), persistent: at most one CTA per SM; CTA c takes tiles c,
 // c + gridDim.x, ... Later tiles' loads overlap earlier tiles' epilogues, and no CTA start-up is
 // paid per tile. Query tile fastest, so that the CTAs working at the same time share one head's
-// K/V in L2.
+// K/V in L2. With a split round (split_round.h), whole tiles stop at split.whole_tiles and each
+// CTA then computes its one or two parts of the last tiles, indices num_tiles + SplitRound::slot.
+// Every index past a CTA's last is kNoTile.
 struct StaticPersistentScheduler {
+  static constexpr int kNoTile = -1;
+
   struct Params {
     int num_tiles;
     cutlass::FastDivmod m_blocks;  // divides by the query tiles per head
     cutlass::FastDivmod heads;     // divides by nheads
+    SplitRound split;
   };
 
-  static Params to_params(int num_m_blocks, int nheads, int batch) {
-    return {num_m_blocks * nheads * batch, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads)};
+  // key_tiles: of every tile; split: whether to split the last round (the kernel supports it and
+  // the workspace holds it).
+  static Params to_params(int num_m_blocks, int nheads, int batch, int num_sms, int key_tiles, bool split) {
+    int const num_tiles = num_m_blocks * nheads * batch;
+    int const ctas = std::min(num_tiles, num_sms);
+    SplitRound const plan = split ? SplitRound::plan(num_tiles, key_tiles, ctas) : SplitRound{num_tiles, key_tiles, 0, ctas};
+    return {num_tiles, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads), plan};
   }
-  static dim3 grid(Params const& params, int num_sms) {
-    return dim3(static_cast<unsigned>(std::min(params.num_tiles, num_sms)));
+  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.split.ctas)); }
+
+  static CUTLASS_HOST_DEVICE bool has_tile(Params const&, int index) { return index != kNoTile; }
+  static CUTLASS_HOST_DEVICE bool is_part(Params const& params, int index) { return index >= params.num_tiles; }
+  // CTA cta's first index, and the one after `index`. kSplits: whether the kernel splits a round
+  // at all (else the parts' code is left out, and with it the registers it takes).
+  template <bool kSplits>
+  static CUTLASS_HOST_DEVICE int first_tile(Params const& params, int cta) {
+    return cta < params.split.whole_tiles ? cta : first_part<kSplits>(params, cta);
   }
-  static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
-  static CUTLASS_DEVICE int next_tile(Params const&, int index) { return index + gridDim.x; }
+  template <bool kSplits>
+  static CUTLASS_HOST_DEVICE int next_tile(Params const& params, int cta, int index) {
+    if (!kSplits || !is_part(params, index)) {
+      int const next = index + params.split.ctas;
+      return next < params.split.whole_tiles ? next : first_part<kSplits>(params, cta);
+    }
+    bool const second = index - params.num_tiles == SplitRound::slot(cta, 1);
+    return !second && params.split.part(cta, 1).exists ? index + 1 : kNoTile;
+  }
+
+  // Part index -> (CTA, k).
+  static CUTLASS_HOST_DEVICE SplitRound::Part part(Params const& params, int index) {
+    int const slot = index - params.num_tiles;
+    return params.split.part(slot / 2, slot % 2);
+  }
 
   static CUTLASS_HOST_DEVICE ForwardTile tile(Params const& params, int index) {
+    if (is_part(params, index)) index = params.split.whole_tiles + part(params, index).tile;
     int head_batch, m, batch, head;
     params.m_blocks(head_batch, m, index);
     params.heads(batch, head, head_batch);
     return {m, head, batch};
+  }
+
+ private:
+  template <bool kSplits>
+  static CUTLASS_HOST_DEVICE int first_part(Params const& params, int cta) {
+    return kSplits && params.split.splits() ? params.num_tiles + SplitRound::slot(cta, 0) : kNoTile;
   }
 };
 
@@ -128,7 +167,9 @@ struct CausalScheduler {
   }
   static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas)); }
   // CTA c starts with tile c; the queue hands out the indices from the grid size on.
-  static CUTLASS_DEVICE int first_tile() { return blockIdx.x; }
+  static CUTLASS_DEVICE int first_tile(Params const&) { return blockIdx.x; }
+  static CUTLASS_HOST_DEVICE bool has_tile(Params const& params, int index) { return index < params.num_tiles; }
+  static CUTLASS_HOST_DEVICE bool is_part(Params const&, int) { return false; }
   static CUTLASS_DEVICE int take_next_tile(Params const& params) {
     return params.ctas + atomicAdd(params.tile_counter, 1);
   }

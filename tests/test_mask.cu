@@ -1,0 +1,80 @@
+// Host tests of the masks' key-tile ranges (mask.h): which key tile a query tile's walk starts on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "kernels/sm90/mask.h"
+
+namespace {
+
+using flashhop::sm90::KeyBlocks;
+using flashhop::sm90::LocalMask;
+using flashhop::sm90::NoMask;
+
+constexpr int kBlockM = 128, kBlockN = 128;
+
+// Whether every query of [first_query, last_query] sees every key of key tile n.
+template <class Mask>
+bool whole(Mask const& mask, int first_query, int last_query, int n) {
+  for (int query = first_query; query <= last_query; ++query) {
+    flashhop::sm90::RowKeys const keys = mask.row_keys(query);
+    if (keys.begin > n * kBlockN || keys.end < (n + 1) * kBlockN) return false;
+  }
+  return true;
+}
+
+// For every query tile: the first key tile is the highest whole one when the last tile needs
+// masking and a whole one exists, else the last tile. Returns how many query tiles start below
+// their last key tile.
+template <class Mask>
+int check_first(Mask const& mask, int seqlen_q) {
+  int moved = 0;
+  for (int m = 0; m * kBlockM < seqlen_q; ++m) {
+    int const first_query = m * kBlockM, last_query = first_query + kBlockM - 1;
+    KeyBlocks const blocks = mask.template key_blocks<kBlockN>(first_query, last_query);
+    if (blocks.empty()) continue;
+    int highest_whole = -1;
+    for (int n = blocks.begin; n < blocks.end; ++n) {
+      if (whole(mask, first_query, last_query, n)) highest_whole = n;
+    }
+    int const first = blocks.first();
+    SCOPED_TRACE(::testing::Message() << "query tile " << m << ", key tiles [" << blocks.begin << ", " << blocks.end
+                                      << "), first " << first);
+    if (highest_whole >= 0 && highest_whole != blocks.end - 1) {
+      EXPECT_EQ(first, highest_whole);
+      ++moved;
+    } else {
+      EXPECT_EQ(first, blocks.end - 1);
+    }
+  }
+  return moved;
+}
+
+TEST(KeyBlocks, WalkStartsOnTheHighestWholeTileWhereTheLastIsMasked) {
+  int moved = 0;
+  for (auto [seqlen_q, seqlen_k] : {std::tuple{512, 512}, std::tuple{1000, 1000}, std::tuple{300, 1100},
+                                    std::tuple{1100, 300}, std::tuple{1, 4096}, std::tuple{4097, 4097}}) {
+    SCOPED_TRACE(::testing::Message() << "seqlen_q " << seqlen_q << ", seqlen_k " << seqlen_k);
+    moved += check_first(NoMask{seqlen_q, seqlen_k}, seqlen_q);
+    // The host writes an unbounded side, and any wider one, as the width that just reaches past
+    // the keys (LocalMask): window_left <= seqlen_k, window_right <= seqlen_q.
+    for (auto [left, right] : {std::tuple{seqlen_k, 0}, std::tuple{300, 0}, std::tuple{61, 17},
+                               std::tuple{seqlen_k, 40}, std::tuple{1000, 200}}) {
+      left = std::min(left, seqlen_k);
+      right = std::min(right, seqlen_q);
+      SCOPED_TRACE(::testing::Message() << "window " << left << ", " << right);
+      moved += check_first(LocalMask{seqlen_q, seqlen_k, left, right}, seqlen_q);
+    }
+  }
+  EXPECT_GT(moved, 50);  // causal and seqlen_k % 128 != 0 start below the last tile in most tiles
+}
+
+// Without a mask a whole last tile, or a single key tile, is where the walk starts.
+TEST(KeyBlocks, UnmaskedWalkStartsOnTheLastTileWhenItIsWhole) {
+  EXPECT_EQ((NoMask{512, 512}.key_blocks<kBlockN>(0, 127).first()), 3);
+  EXPECT_EQ((NoMask{512, 500}.key_blocks<kBlockN>(0, 127).first()), 2);  // the last tile has 116 keys
+  EXPECT_EQ((NoMask{512, 100}.key_blocks<kBlockN>(0, 127).first()), 0);  // one partial tile
+}
+
+}  // namespace
