@@ -7,6 +7,9 @@
 #   and .deps/gtest. The first NAME is the base. Each tree is built (bf16, flashhop-bench only) in
 #   parallel under /tmp/ab/NAME; each runs CHECK_ARGS with --check (a failing tree is dropped); then
 #   tools/ab_bench.py times the survivors with BENCH_ARGS over ROUNDS interleaved rounds.
+#   A tree with a folder .deps/ab/NAME.bin is not built: its flashhop-bench (and flashhop_tests,
+#   for TEST_VARIANT) are taken from there, built on the build machine (same toolkit) to save the
+#   GPU machine's time; their head dims are whatever they were built with.
 # Environment:
 #   HDIMS [64;128;256]         FLASHHOP_HEAD_DIMS of every tree; HDIMS_<NAME> overrides it per tree
 #   JOBS_<NAME>                ninja jobs of one tree (default: 16 shared evenly)
@@ -32,6 +35,13 @@ start=$(date +%s)
 for n in "${names[@]}"; do
   (
     mkdir -p "/tmp/ab/$n" && tar -xzf ".deps/ab/$n.tar.gz" -C "/tmp/ab/$n"
+    if [[ -d .deps/ab/$n.bin ]]; then
+      mkdir -p "/tmp/ab/$n/build/tools" "/tmp/ab/$n/build/tests"
+      cp .deps/ab/$n.bin/flashhop-bench "/tmp/ab/$n/build/tools/"
+      [[ -f .deps/ab/$n.bin/flashhop_tests ]] && cp .deps/ab/$n.bin/flashhop_tests "/tmp/ab/$n/build/tests/"
+      echo "build $n: prebuilt"
+      exit 0
+    fi
     hd_var=HDIMS_$n; hd=${!hd_var:-$HDIMS}
     jobs_var=JOBS_$n; jobs=${!jobs_var:-$jobs}
     tests=OFF; targets=flashhop-bench
