@@ -7,9 +7,10 @@
 #   and .deps/gtest. The first NAME is the base. Each tree is built (bf16, flashhop-bench only) in
 #   parallel under /tmp/ab/NAME; each runs CHECK_ARGS with --check (a failing tree is dropped); then
 #   tools/ab_bench.py times the survivors with BENCH_ARGS over ROUNDS interleaved rounds.
-#   A tree with a folder .deps/ab/NAME.bin is not built: its flashhop-bench (and flashhop_tests,
-#   for TEST_VARIANT) are taken from there, built on the build machine (same toolkit) to save the
-#   GPU machine's time; their head dims are whatever they were built with.
+#   A tree with a folder .deps/ab/NAME.bin is not built: its flashhop-bench.gz (and
+#   flashhop_tests.gz, for TEST_VARIANT) are taken from there, built on the build machine (same
+#   toolkit) and gzipped (a fifth of the size, for the carry limit) to save the GPU machine's time;
+#   their head dims are whatever they were built with.
 # Environment:
 #   HDIMS [64;128;256]         FLASHHOP_HEAD_DIMS of every tree; HDIMS_<NAME> overrides it per tree
 #   JOBS_<NAME>                ninja jobs of one tree (default: 16 shared evenly)
@@ -37,8 +38,12 @@ for n in "${names[@]}"; do
     mkdir -p "/tmp/ab/$n" && tar -xzf ".deps/ab/$n.tar.gz" -C "/tmp/ab/$n"
     if [[ -d .deps/ab/$n.bin ]]; then
       mkdir -p "/tmp/ab/$n/build/tools" "/tmp/ab/$n/build/tests"
-      cp .deps/ab/$n.bin/flashhop-bench "/tmp/ab/$n/build/tools/"
-      [[ -f .deps/ab/$n.bin/flashhop_tests ]] && cp .deps/ab/$n.bin/flashhop_tests "/tmp/ab/$n/build/tests/"
+      gunzip -c ".deps/ab/$n.bin/flashhop-bench.gz" >"/tmp/ab/$n/build/tools/flashhop-bench"
+      chmod +x "/tmp/ab/$n/build/tools/flashhop-bench"
+      if [[ -f .deps/ab/$n.bin/flashhop_tests.gz ]]; then
+        gunzip -c ".deps/ab/$n.bin/flashhop_tests.gz" >"/tmp/ab/$n/build/tests/flashhop_tests"
+        chmod +x "/tmp/ab/$n/build/tests/flashhop_tests"
+      fi
       echo "build $n: prebuilt"
       exit 0
     fi
