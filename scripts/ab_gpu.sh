@@ -17,7 +17,8 @@
 #   CHECK_ARGS                 default "--sweep peers --causal --iters 3 --warmup 1"
 #   BENCH_ARGS                 default "--sweep peers --causal --warmup 50 --iters 200"
 #   ROUNDS [2]
-#   TEST_VARIANT="NAME..."     also build and run the GoogleTest binary of these trees (TEST_FILTER)
+#   TEST_VARIANT="NAME..."     also build and run the GoogleTest binary of these trees (TEST_FILTER;
+#                              TEST_FILTER_<NAME> overrides it per tree)
 #   RACE_FILTER                with TEST_VARIANT: compute-sanitizer racecheck of these tests
 #   OUT                        logs (the tool library's $OUT on the GPU machine): build_NAME.log, check_NAME.log, test_NAME.log, race_NAME.log,
 #                              ab.txt and runs/ (default ./ab_out)
@@ -61,7 +62,8 @@ done
 wait
 for tv in ${TEST_VARIANT:-}; do
   t=/tmp/ab/$tv/build/tests/flashhop_tests
-  timeout 450 "$t" --gtest_brief=1 --gtest_filter="${TEST_FILTER:-*}" >"$OUT/test_$tv.log" 2>&1
+  filter_var=TEST_FILTER_$tv; filter=${!filter_var:-${TEST_FILTER:-*}}
+  timeout 450 "$t" --gtest_brief=1 --gtest_filter="$filter" >"$OUT/test_$tv.log" 2>&1
   echo "test $tv rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_$tv.log" | tr '\n' ' ') $(( $(date +%s) - start )) s"
   grep "^\[  FAILED  \]" "$OUT/test_$tv.log" | head -5
   if [[ -n ${RACE_FILTER:-} ]]; then
