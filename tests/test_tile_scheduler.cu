@@ -177,4 +177,18 @@ TEST(StaticPersistentSchedule, SplitsOnlyWhereTheLastRoundSavesEnough) {
   EXPECT_FALSE(SplitRound::plan(2048, 128, 2048).splits());        // one whole round
 }
 
+// The grid that the kernel's scheduler and the API's workspace size plan for: one CTA per SM, but
+// no more CTAs than tiles.
+TEST(StaticPersistentSchedule, PlansOneCtaPerSmAtMostOnePerTile) {
+  using flashhop::sm90::SplitRound;
+  using flashhop::sm90::StaticPersistentScheduler;
+  EXPECT_EQ(SplitRound::plan_on_sms(2110, 500, 132).ctas, 132);
+  EXPECT_TRUE(SplitRound::plan_on_sms(2110, 500, 132).splits());
+  EXPECT_EQ(SplitRound::plan_on_sms(100, 500, 132).ctas, 100);
+  EXPECT_FALSE(SplitRound::plan_on_sms(100, 500, 132).splits());  // no whole round
+  StaticPersistentScheduler::Params const params =
+      StaticPersistentScheduler::to_params(/*num_m_blocks=*/10, /*nheads=*/211, /*batch=*/1, 132, 500, true);
+  EXPECT_EQ(params.split.steps, SplitRound::plan_on_sms(2110, 500, 132).steps);
+}
+
 }  // namespace

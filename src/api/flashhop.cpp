@@ -77,7 +77,7 @@ std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
   if (num_tiles > INT32_MAX) return 0;
   const int tiles = static_cast<int>(num_tiles);
   const sm90::SplitRound plan =
-      sm90::SplitRound::plan(tiles, (params.seqlen_k + tile.block_n - 1) / tile.block_n, std::min(tiles, num_sms));
+      sm90::SplitRound::plan_on_sms(tiles, (params.seqlen_k + tile.block_n - 1) / tile.block_n, num_sms);
   return sm90::SplitWorkspace::bytes(plan, tile.block_m / 64, params.head_dim_v);
 }
 

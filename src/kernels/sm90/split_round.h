@@ -51,6 +51,12 @@ struct SplitRound {
     return {rounds * ctas, key_tiles, static_cast<int>(steps), ctas};
   }
 
+  // The plan of a persistent grid on num_sms SMs: one CTA per SM, but no more CTAs than tiles.
+  // The kernel's scheduler runs it and the API sizes the workspace for it, so both call this.
+  static SplitRound plan_on_sms(int num_tiles, int key_tiles, int num_sms) {
+    return plan(num_tiles, key_tiles, num_tiles < num_sms ? num_tiles : num_sms);
+  }
+
   CUTLASS_HOST_DEVICE bool splits() const { return steps > 0; }
   CUTLASS_HOST_DEVICE int split_tiles() const { return steps / key_tiles; }
   // CTA c's run of split key tiles begins at this step (steps count tile by tile, key tile fastest).
