@@ -14,7 +14,7 @@ be in flight at each instruction: an HGMMA with a register A operand adds its fo
 the open group, the HGMMA that carries `gsb0` closes the group, WARPGROUP.DEPBAR.LE gsb0, N keeps
 the newest N groups; where paths join, the groups are merged newest with newest. Any instruction
 that writes one of those registers is reported. Exit status: 0 clean, 1 hazards found, 2 on usage
-errors, 77 (skipped) when no cuobjdump can be found.
+errors, 77 (skipped) when no cuobjdump or nvdisasm can be found.
 
 Usage: check_wgmma_operands.py [--cuobjdump PATH] FILE...
        check_wgmma_operands.py --sass FILE.sass   (a saved `cuobjdump --dump-sass` listing)
@@ -45,7 +45,7 @@ def find_cuobjdump(given):
     """The cuobjdump to use: the given one, on PATH, beside nvcc, or from the PyPI wheel
     nvidia-cuda-cuobjdump (nvidia/cu13/bin); None if there is none."""
     if given:
-        return given
+        return given if os.access(given, os.X_OK) else None
     found = shutil.which("cuobjdump")
     if found:
         return found
@@ -235,9 +235,18 @@ def main():
             continue
         cuobjdump = find_cuobjdump(args.cuobjdump)
         if cuobjdump is None:
-            print("no cuobjdump found (CUDA toolkit, or pip install nvidia-cuda-cuobjdump): skipped")
+            print(f"no cuobjdump found ({args.cuobjdump or 'CUDA toolkit, or pip install nvidia-cuda-cuobjdump'}): "
+                  "skipped")
             return SKIPPED
-        dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True)
+        # cuobjdump disassembles with nvdisasm, from PATH or NVDISASM_PATH; the wheels put it beside.
+        environment = dict(os.environ)
+        beside = os.path.join(os.path.dirname(cuobjdump), "nvdisasm")
+        if os.access(beside, os.X_OK):
+            environment.setdefault("NVDISASM_PATH", os.path.dirname(cuobjdump))
+        elif not shutil.which("nvdisasm") and "NVDISASM_PATH" not in environment:
+            print("no nvdisasm found (CUDA toolkit, or pip install nvidia-cuda-nvdisasm): skipped")
+            return SKIPPED
+        dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True, env=environment)
         if dump.returncode != 0:
             print(f"{cuobjdump} --dump-sass {path} failed: {dump.stderr.strip()}", file=sys.stderr)
             return 2
