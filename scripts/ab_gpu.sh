@@ -20,7 +20,7 @@
 #   TEST_VARIANT="NAME..."     also build and run the GoogleTest binary of these trees (TEST_FILTER;
 #                              TEST_FILTER_<NAME> overrides it per tree)
 #   RACE_FILTER                with TEST_VARIANT: compute-sanitizer racecheck of these tests
-#   OUT                        logs (the tool library's $OUT on the GPU machine): build_NAME.log, check_NAME.log, test_NAME.log, race_NAME.log,
+#   OUT                        logs (the tool library's $OUT on the GPU machine): build_NAME.log, check_NAME.log, test_NAME.log, race_NAME.log, sass_NAME.log,
 #                              ab.txt and runs/ (default ./ab_out)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -66,6 +66,8 @@ for tv in ${TEST_VARIANT:-}; do
   timeout 450 "$t" --gtest_brief=1 --gtest_filter="$filter" >"$OUT/test_$tv.log" 2>&1
   echo "test $tv rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/test_$tv.log" | tr '\n' ' ') $(( $(date +%s) - start )) s"
   grep "^\[  FAILED  \]" "$OUT/test_$tv.log" | head -5
+  python3 "$root/tools/check_wgmma_operands.py" "$t" >"$OUT/sass_$tv.log" 2>&1
+  echo "SASS check $tv rc=$? $(tail -1 "$OUT/sass_$tv.log")"
   if [[ -n ${RACE_FILTER:-} ]]; then
     timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$t" --gtest_brief=1 \
       --gtest_filter="$RACE_FILTER" >"$OUT/race_$tv.log" 2>&1

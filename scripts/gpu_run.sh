@@ -7,7 +7,7 @@
 #   stages, run in the order given (default: build test bench peers features sanitize sass)
 #     build   cmake -G Ninja (-DFLASHHOP_PTXAS_VERBOSE=ON) and build with every core
 #     test      the gtest binary, in one process (ctest would start one process, and one CUDA
-#               context, per test)
+#               context, per test), then tools/check_wgmma_operands.py on the kernels' SASS
 #     bench     flashhop-bench --sweep peers --check --json
 #     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists
 #     features  flashhop-bench --sweep features (windows, softcap, head dims 96 / 192), --check then timed
@@ -32,7 +32,7 @@
 #                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
-# sanitize.log, profile.log (+ profile_N.ncu-rep / .csv), sass_summary.txt; and all of them again
+# sanitize.log, profile.log (+ profile_N.ncu-rep / .csv), sass_check.log, sass_summary.txt; and all of them again
 # in all_logs.tar.gz.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
@@ -115,9 +115,16 @@ stage_build() {
 }
 
 stage_test() {
-  local log="$OUT/test.log" binary="$BUILD_DIR/tests/flashhop_tests"
+  local log="$OUT/test.log" binary="$BUILD_DIR/tests/flashhop_tests" status=0
   [[ -x $binary ]] || { note "no test binary at $binary (GoogleTest missing at configure time?)"; return 1; }
   "$binary" --gtest_brief=1 2>&1 | tee "$log" | tail -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  # The kernels' SASS: no write to a register that an in-flight wgmma reads (77: no cuobjdump).
+  python3 "$root/tools/check_wgmma_operands.py" "$BUILD_DIR/libflashhop.a" >"$OUT/sass_check.log" 2>&1
+  local sass=$?
+  tail -1 "$OUT/sass_check.log"
+  [[ $sass -eq 0 || $sass -eq 77 ]] || status=1
+  return "$status"
 }
 
 # Two passes: --check first; then the timing that bench.json records, back to back like the peers'
