@@ -217,6 +217,22 @@ def check_listing(lines, out=sys.stdout):
     return total
 
 
+def disassembler(given):
+    """(cuobjdump, its environment) for --dump-sass, or None (said why) when a tool is missing.
+    cuobjdump disassembles with nvdisasm, from PATH or NVDISASM_PATH; the wheels put it beside."""
+    cuobjdump = find_cuobjdump(given)
+    if cuobjdump is None:
+        print(f"no cuobjdump found ({given or 'CUDA toolkit, or pip install nvidia-cuda-cuobjdump'}): skipped")
+        return None
+    environment = dict(os.environ)
+    if os.access(os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), os.X_OK):
+        environment.setdefault("NVDISASM_PATH", os.path.dirname(cuobjdump))
+    elif not shutil.which("nvdisasm") and "NVDISASM_PATH" not in environment:
+        print("no nvdisasm found (CUDA toolkit, or pip install nvidia-cuda-nvdisasm): skipped")
+        return None
+    return cuobjdump, environment
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cuobjdump", help="the cuobjdump to use (default: found on PATH, beside nvcc or "
@@ -224,28 +240,21 @@ def main():
     parser.add_argument("--sass", action="store_true", help="the files are SASS listings")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
-    total = 0
     for path in args.files:
         if not os.path.exists(path):
             print(f"{path}: no such file", file=sys.stderr)
             return 2
-        if args.sass:
+    total = 0
+    if args.sass:
+        for path in args.files:
             with open(path) as listing:
                 total += check_listing(listing)
-            continue
-        cuobjdump = find_cuobjdump(args.cuobjdump)
-        if cuobjdump is None:
-            print(f"no cuobjdump found ({args.cuobjdump or 'CUDA toolkit, or pip install nvidia-cuda-cuobjdump'}): "
-                  "skipped")
-            return SKIPPED
-        # cuobjdump disassembles with nvdisasm, from PATH or NVDISASM_PATH; the wheels put it beside.
-        environment = dict(os.environ)
-        beside = os.path.join(os.path.dirname(cuobjdump), "nvdisasm")
-        if os.access(beside, os.X_OK):
-            environment.setdefault("NVDISASM_PATH", os.path.dirname(cuobjdump))
-        elif not shutil.which("nvdisasm") and "NVDISASM_PATH" not in environment:
-            print("no nvdisasm found (CUDA toolkit, or pip install nvidia-cuda-nvdisasm): skipped")
-            return SKIPPED
+        return 1 if total else 0
+    tools = disassembler(args.cuobjdump)
+    if tools is None:
+        return SKIPPED
+    cuobjdump, environment = tools
+    for path in args.files:
         dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True, env=environment)
         if dump.returncode != 0:
             print(f"{cuobjdump} --dump-sass {path} failed: {dump.stderr.strip()}", file=sys.stderr)
