@@ -14,7 +14,8 @@
 # Environment:
 #   HDIMS [64;128;256]         FLASHHOP_HEAD_DIMS of every tree; HDIMS_<NAME> overrides it per tree
 #   JOBS_<NAME>                ninja jobs of one tree (default: 16 shared evenly)
-#   CHECK_ARGS                 default "--sweep peers --causal --iters 3 --warmup 1"
+#   CHECK_ARGS                 default "--sweep peers --causal --iters 3 --warmup 1"; CHECK_ARGS_<NAME>
+#                              overrides it per tree (one built without some head dims)
 #   BENCH_ARGS                 default "--sweep peers --causal --warmup 50 --iters 200"
 #   ROUNDS [2]
 #   TEST_VARIANT="NAME..."     also build and run the GoogleTest binary of these trees (TEST_FILTER;
@@ -78,7 +79,8 @@ survivors=()
 for n in "${names[@]}"; do
   bin=/tmp/ab/$n/build/tools/flashhop-bench
   [[ -x $bin ]] || { echo "no binary for $n"; continue; }
-  timeout 150 $bin $CHECK_ARGS --check >"$OUT/check_$n.log" 2>&1
+  check_var=CHECK_ARGS_$n
+  timeout 150 $bin ${!check_var:-$CHECK_ARGS} --check >"$OUT/check_$n.log" 2>&1
   rc=$?
   echo "check $n rc=$rc $(grep -c " pass |" "$OUT/check_$n.log") pass $(grep -c FAIL "$OUT/check_$n.log") FAIL  $(( $(date +%s) - start )) s"
   [[ $rc -eq 0 ]] && survivors+=("$n=$bin")
