@@ -391,24 +391,38 @@ struct ForwardMainloop {
     // branch per tile, 630 with a loop per kind). Without a band and up to d = 128, one such set of
     // loops per soft-capping choice, so that no loop holds code it skips; with a band that makes
     // six copies of the step, which put O's accumulator in local memory at d = 128 (a 960-byte
-    // stack frame), so soft-capping is a uniform branch there. At d >= 192 even the loop pair per
-    // soft-capping choice did that (d = 256 non-causal: a 992-byte stack frame, 40 TFLOP/s), so one
-    // loop pair, and with a band a single loop that branches on the mask per tile (a loop per kind
-    // made ptxas spill). So too with a band and three consumer warpgroups (160 registers; d = 64
-    // wide bands): a loop per kind spilled 168 bytes, reloaded in every loop, the single loop 40
-    // (Q's descriptors, reloaded per key tile); H200, same session, single loop against a loop per
-    // kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485 against 462.
-    auto walk = [&](auto softcap) {
+    // stack frame), so there only the whole tiles' loop is compiled per soft-capping choice (four
+    // copies; H200, same session, d = 128 causal against a branch in every loop: 4k +1.9%, 8k
+    // +2.6%, 16k +2.8%, level up to 2k) and the edge loops branch on it; ptxas then waits for the
+    // pending P V after the softmax's max pass, as in the non-causal loop, instead of before it. At
+    // d = 64 that cost 2-7% up to 4k (one A/B run), so its band kernels branch in every loop. At d
+    // >= 192 even the loop pair per soft-capping choice did that (d = 256 non-causal: a 992-byte
+    // stack frame, 40 TFLOP/s), so one loop pair, and with a band a single loop that branches on
+    // the mask per tile (a loop per kind made ptxas spill). So too with a band and three consumer
+    // warpgroups (160 registers; d = 64 wide bands): a loop per kind spilled 168 bytes, reloaded in
+    // every loop, the single loop 40 (Q's descriptors, reloaded per key tile); H200, same session,
+    // single loop against a loop per kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485
+    // against 462.
+    auto right_edge = [&](auto softcap) {
       for (; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
         step(n_block, true_type{}, softcap);
       }
+    };
+    auto whole_tiles = [&](auto softcap) {
       if (n_block == first_block) --n_block;  // the highest whole tile, which the first step took
       for (; n_block >= blocks.begin && (!Mask::kIsLocal || n_block >= blocks.left_masked_below); --n_block) {
         step(n_block, false_type{}, softcap);
       }
+    };
+    auto left_edge = [&](auto softcap) {
       if constexpr (Mask::kIsLocal) {
         for (; n_block >= blocks.begin; --n_block) step(n_block, true_type{}, softcap);
       }
+    };
+    auto walk = [&](auto softcap) {
+      right_edge(softcap);
+      whole_tiles(softcap);
+      left_edge(softcap);
     };
     if constexpr ((kHeadDim > 128 || kConsumerWarpGroups > 2) && Mask::kIsLocal) {
       for (; n_block >= blocks.begin; --n_block) {
@@ -419,8 +433,16 @@ struct ForwardMainloop {
           step(n_block, false_type{}, params.softcap);
         }
       }
-    } else if constexpr (kHeadDim > 128 || Mask::kIsLocal) {
+    } else if constexpr (kHeadDim > 128 || (Mask::kIsLocal && kHeadDim <= 64)) {
       walk(params.softcap);
+    } else if constexpr (Mask::kIsLocal) {
+      right_edge(params.softcap);
+      if (params.softcap) {
+        whole_tiles(true_type{});
+      } else {
+        whole_tiles(false_type{});
+      }
+      left_edge(params.softcap);
     } else if (params.softcap) {
       walk(true_type{});
     } else {
