@@ -1,9 +1,9 @@
 // flashhop::forward on the GPU against the double-precision CPU reference, FlashAttention's way:
 // max |O - O_ref| <= 2 x max |O_low - O_ref| + o_atol(dtype, max |O_ref|), where O_low is the same
-// attention at the kernel's precision (attention_forward_low_precision). Fresh random inputs every run; outputs are
-// poisoned with NaN first, so every element must be written, and padding around strided outputs
-// must stay untouched. Every test skips without a GPU, and a configuration not compiled into the
-// build (kNotSupported) skips with the library's message.
+// attention at the kernel's precision (attention_forward_low_precision). Fresh random inputs every
+// run; outputs are poisoned with NaN first, so every element must be written, and padding around
+// strided outputs must stay untouched. Every test skips without a GPU, and a configuration not
+// compiled into the build (kNotSupported) skips with the library's message.
 #include <gtest/gtest.h>
 
 #include <algorithm>
