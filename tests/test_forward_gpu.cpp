@@ -1,6 +1,6 @@
 // flashhop::forward on the GPU against the double-precision CPU reference, FlashAttention's way:
-// max |O - O_ref| <= 2 x max |O_low - O_ref| + o_atol(dtype, max |O_ref|), where O_low is the same
-// attention at the kernel's precision (attention_forward_low_precision). Fresh random inputs every
+// max |O - O_ref| <= 2 x max |O_low - O_ref| + small terms (reference/tolerance.h), where O_low is the
+// same attention at the kernel's precision (attention_forward_low_precision). Fresh random inputs every
 // run; outputs are poisoned with NaN first, so every element must be written, and padding around
 // strided outputs must stay untouched. Every test skips without a GPU, and a configuration not
 // compiled into the build (kNotSupported) skips with the library's message.
@@ -20,6 +20,7 @@
 #include "api/forward_params.h"
 #include "flashhop/flashhop.h"
 #include "reference/attention_ref.h"
+#include "reference/tolerance.h"
 #include "test_utils.h"
 
 namespace flashhop_test {
@@ -27,22 +28,6 @@ namespace {
 
 using flashhop::Status;
 using flashhop::StatusCode;
-
-// The absolute part of the O tolerance: the final rounding of O to the dtype, which alone moves an
-// element by up to the unit roundoff (bf16 2^-8, fp16 2^-11) times its size, at the size of the
-// largest output and at least 1 (the same terms as flashhop-bench --check). Sized at 1 only, it
-// failed a d = 192 window test on one element: reference 2.3768, kernel 2.390625, the upper of the
-// two bf16 values around the reference (a step of 2^-6 there).
-double o_atol(DType dtype, double max_abs_o_ref) {
-  return (dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11) * std::max(1.0, max_abs_o_ref);
-}
-// LSE is computed in float32 from float32 scores; this bounds its rounding at our magnitudes.
-constexpr double kLseAbsoluteTolerance = 1e-3;
-// Soft-capping: the kernel's tanh (tanh.approx.f32) has a relative error below 2^-10.987, so each
-// kept score softcap * tanh(.) moves by at most softcap * 2^-11 against the reference. That moves
-// LSE by at most as much, and each probability by that factor, so O (a weighted mean of V rows)
-// by at most 2 x softcap * 2^-11 x max |V|.
-double softcap_score_error(float softcap) { return softcap * 0x1p-11; }
 
 struct MaxError {
   double value = 0;
@@ -188,10 +173,9 @@ void run_and_check(const Call& call) {
   double max_abs_v = 0, max_abs_o_ref = 0;
   for (float x : v) max_abs_v = std::max(max_abs_v, double{std::abs(x)});
   for (double x : o_ref) max_abs_o_ref = std::max(max_abs_o_ref, std::abs(x));
-  const double softcap_error = softcap_score_error(call.masking.softcap);
   const MaxError o_error = max_abs_error(o, o_ref), o_baseline = max_abs_error(o_low, o_ref);
-  EXPECT_LE(o_error.value,
-            2 * o_baseline.value + o_atol(call.dtype, max_abs_o_ref) + 2 * softcap_error * max_abs_v)
+  EXPECT_LE(o_error.value, flashhop::reference::o_tolerance(call.dtype, o_baseline.value, max_abs_o_ref,
+                                                            call.masking.softcap, max_abs_v))
       << "max |O - O_ref| at element " << o_error.index << ": got " << o[o_error.index] << ", reference "
       << o_ref[o_error.index] << "; low-precision baseline error " << o_baseline.value;
 
@@ -216,7 +200,7 @@ void run_and_check(const Call& call) {
     for (std::size_t i = 0; i < lse.size(); ++i) infinite_mismatches += std::isinf(lse_ref[i]) != std::isinf(lse[i]);
     EXPECT_EQ(infinite_mismatches, 0) << "LSE is -inf exactly where no key is visible";
     const MaxError lse_error = max_abs_error(lse, lse_ref), lse_baseline = max_abs_error(lse_low, lse_ref);
-    EXPECT_LE(lse_error.value, 2 * lse_baseline.value + kLseAbsoluteTolerance + softcap_error)
+    EXPECT_LE(lse_error.value, flashhop::reference::lse_tolerance(lse_baseline.value, call.masking.softcap))
         << "max |LSE - LSE_ref| at row " << lse_error.index << ": got " << lse[lse_error.index] << ", reference "
         << lse_ref[lse_error.index];
   }

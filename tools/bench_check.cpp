@@ -11,19 +11,12 @@
 
 #include <cuda_fp16.h>
 
+#include "reference/tolerance.h"
+
 namespace flashhop::bench {
 namespace {
 
-constexpr double kLseAtol = 1e-3;
 constexpr int kRowBlocks = 16;  // row blocks sampled per pair when whole heads do not fit
-
-// The final rounding of O to the dtype: the unit roundoff times the largest output, at least 1.
-double o_atol(DType dtype, double max_abs_o_ref) {
-  return (dtype == DType::kFloat16 ? 0x1p-11 : 0x1p-8) * std::max(1.0, max_abs_o_ref);
-}
-// The most a soft-capped score of the kernel moves against the reference: its tanh.approx.f32 has a
-// relative error below 2^-10.987 (bench_check.h says how the tolerances use it).
-double softcap_score_error(double softcap) { return softcap * 0x1p-11; }
 
 float decode(DType dtype, std::uint16_t bits) {
   if (dtype == DType::kFloat16) {
@@ -270,13 +263,12 @@ CheckResult check_forward(const reference::AttentionShape& shape, const referenc
 
   result.o_max_abs_err = total.o_err;
   result.o_baseline_max_abs_err = total.o_baseline_err;
-  const double softcap_error = softcap_score_error(options.softcap);
-  result.o_tolerance = 2 * total.o_baseline_err + o_atol(tensors.dtype, total.max_abs_o_ref) +
-                       2 * softcap_error * total.max_abs_v;
+  result.o_tolerance = reference::o_tolerance(tensors.dtype, total.o_baseline_err, total.max_abs_o_ref,
+                                              options.softcap, total.max_abs_v);
   result.o_rel_l2_err = std::sqrt(total.o_sq_diff / std::max(total.o_sq_ref, 1e-300));
   result.lse_max_abs_err = total.lse_err;
   result.lse_baseline_max_abs_err = total.lse_baseline_err;
-  result.lse_tolerance = 2 * total.lse_baseline_err + kLseAtol + softcap_error;
+  result.lse_tolerance = reference::lse_tolerance(total.lse_baseline_err, options.softcap);
   result.lse_inf_mismatch = total.lse_inf_mismatch;
   result.passed = result.nonfinite_o == 0 && result.nan_lse == 0 && result.lse_inf_mismatch == 0 &&
                   result.o_max_abs_err <= result.o_tolerance &&

@@ -3,18 +3,12 @@
 // Reference: flashhop::reference::attention_forward (double precision) on exactly the values the
 // kernel read. Baseline: reference::attention_forward_low_precision, the same attention at the
 // precision a fused kernel keeps (fp32 sums, probabilities and output rounded to the input dtype).
-// The check passes when, over the compared elements,
-//   max|O - O_ref|     <= 2 * max|O_baseline - O_ref|     + o_atol + 2 * softcap * 2^-11 * max|V|
-//   max|LSE - LSE_ref| <= 2 * max|LSE_baseline - LSE_ref| + 1e-3   + softcap * 2^-11
-// (o_atol = 2^-8 for bf16, 2^-11 for fp16, times max(1, max|O_ref|): the final rounding of O to the
-// dtype; max|V| over the V rows the compared rows see), every O
-// element is finite (outputs are poisoned with NaN before the call, so a NaN left anywhere is an
-// element never written), no LSE element is NaN, and a fully masked row has LSE = -inf in both.
-// This is FlashAttention's rule; o_atol is the unit roundoff of the dtype at the size of the largest
-// attention output, and the LSE term covers fp32 exp/log on scores of size ~10. The softcap terms
-// (as in tests/test_forward_gpu.cpp) cover the kernel's tanh.approx.f32, whose relative error is below
-// 2^-10.987: each capped score moves by at most softcap * 2^-11, LSE by as much, and O, a weighted
-// mean of V rows, by at most twice that times max|V|.
+// The check passes when, over the compared elements, O and LSE are within the tolerances of
+// reference/tolerance.h (FlashAttention's rule: twice the baseline's error plus the final rounding
+// of O, fp32 rounding of LSE and the soft-capping terms; max|O_ref| and max|V| over the compared
+// rows and the V rows they see), every O element is finite (outputs are poisoned with NaN before
+// the call, so a NaN left anywhere is an element never written), no LSE element is NaN, and a
+// fully masked row has LSE = -inf in both.
 //
 // Subset: the double-precision reference of the largest shapes would take minutes each, so the
 // compared part is capped at kCheckBudgetMacs multiply-adds (a pair's copy of K and V counted as 16

@@ -1,0 +1,37 @@
+// FlashAttention's acceptance rule for a fused kernel's forward output, shared by the GPU tests and
+// flashhop-bench --check: the kernel's error against attention_forward() (double precision) may be
+// twice the error of attention_forward_low_precision() (the same attention at the kernel's
+// precision) plus small absolute terms:
+//   max |O - O_ref|     <= o_tolerance(dtype, max |O_low - O_ref|, max |O_ref|, softcap, max |V|)
+//   max |LSE - LSE_ref| <= lse_tolerance(max |LSE_low - LSE_ref|, softcap)
+#pragma once
+
+#include <algorithm>
+
+#include "flashhop/flashhop.h"
+
+namespace flashhop::reference {
+
+// Soft-capping: the kernel's tanh (tanh.approx.f32) has a relative error below 2^-10.987, so each
+// kept score softcap * tanh(.) moves by at most softcap * 2^-11 against the reference. That moves
+// LSE by at most as much, and each probability by that factor, so O (a weighted mean of V rows) by
+// at most 2 x softcap * 2^-11 x max |V|.
+inline double softcap_score_error(double softcap) { return softcap * 0x1p-11; }
+
+// The absolute part for O: the final rounding of O to the dtype, which alone moves an element by up
+// to the unit roundoff (bf16 2^-8, fp16 2^-11) times its size, taken at the size of the largest
+// output and at least 1. Sized at 1 only, it failed a d = 192 window test on one element:
+// reference 2.3768, kernel 2.390625, the upper of the two bf16 values around the reference (a step
+// of 2^-6 there).
+inline double o_tolerance(DType dtype, double o_baseline_error, double max_abs_o_ref, double softcap,
+                          double max_abs_v) {
+  double const rounding = (dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11) * std::max(1.0, max_abs_o_ref);
+  return 2 * o_baseline_error + rounding + 2 * softcap_score_error(softcap) * max_abs_v;
+}
+
+// LSE is computed in float32 from float32 scores; 1e-3 bounds its rounding at our magnitudes.
+inline double lse_tolerance(double lse_baseline_error, double softcap) {
+  return 2 * lse_baseline_error + 1e-3 + softcap_score_error(softcap);
+}
+
+}  // namespace flashhop::reference
