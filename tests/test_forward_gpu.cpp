@@ -376,13 +376,15 @@ TEST_P(ForwardGpuPackGqa, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(PackGqa, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
-// ---- wide bands: d = 64's 192-row tiles under a band (tile_config.h, kWideBandKeys) ---------------
+// ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles (tile_config.h, wide_band_keys) --
 
 std::vector<GridCase> wide_band_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): short queries on long keys, so that the middle
-  // row sees over 4096 keys while the CPU reference stays cheap; the first shape has 6 x 16 x 2 =
-  // 192 query tiles, more than an H200's SMs, so the CTAs take several from the tile queue.
-  const std::vector<Problem> shapes = {{2, 1000, 5000, 16, 2, 64}, {1, 777, 4900, 3, 1, 64}};
+  // row sees over wide_band_keys(d) keys (4096 at d = 64, 2048 at d = 256) while the CPU reference
+  // stays cheap; the first shape has 6 x 16 x 2 = 192 query tiles, more than an H200's SMs, so the
+  // CTAs take several from the tile queue.
+  const std::vector<Problem> shapes = {{2, 1000, 5000, 16, 2, 64}, {1, 777, 4900, 3, 1, 64},
+                                       {2, 300, 2600, 4, 4, 256}, {1, 130, 2250, 5, 5, 256}};
   // Every key tile kind: the right edge (the diagonal, or 40 or 100 keys past it), whole tiles, and
   // tiles cut by a left window (on the first shape, row i sees keys from i - 500 on).
   const NamedMasking kWideWindow{"window4500_100", {false, 4500, 100}};

@@ -50,7 +50,8 @@ INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
                                            ConfigCase{128, 128, false}, ConfigCase{128, 128, true},
                                            ConfigCase{192, 192, false}, ConfigCase{192, 192, true},
                                            ConfigCase{192, 128, false}, ConfigCase{192, 128, true},
-                                           ConfigCase{256, 256, false}, ConfigCase{256, 256, true}),
+                                           ConfigCase{256, 256, false}, ConfigCase{256, 256, true},
+                                           ConfigCase{256, 256, true, true}),
                          [](const ::testing::TestParamInfo<ConfigCase>& info) {
                            const ConfigCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) + "_dv" + std::to_string(c.head_dim_v) +
@@ -65,13 +66,16 @@ TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
   }
 }
 
-TEST(TileConfigSelection, WideBandTilesAtHeadDim64Only) {
+TEST(TileConfigSelection, WideBandTilesAtHeadDims64And256Only) {
   // tools/generate_instantiations.py writes the wide-band kernels of these head dims
   // (WIDE_BAND_HEAD_DIMS); dispatch.cu launches them wherever has_wide_band_tiles holds.
   for (int head_dim : {64, 96, 128, 192, 256}) {
-    EXPECT_EQ(flashhop::sm90::has_wide_band_tiles(head_dim), head_dim == 64) << head_dim;
+    EXPECT_EQ(flashhop::sm90::has_wide_band_tiles(head_dim), head_dim == 64 || head_dim == 256) << head_dim;
   }
   EXPECT_EQ(forward_tile_config(64, true, true).block_m, 192);
+  // d = 256: narrow bands on 64-key tiles, wide ones on the 80-key tiles of the unmasked kernel.
+  EXPECT_EQ(forward_tile_config(256, true, false).block_n, 64);
+  EXPECT_EQ(forward_tile_config(256, true, true), forward_tile_config(256, false));
 }
 
 }  // namespace

@@ -485,7 +485,8 @@ TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
 
 constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
 
-// kWideBandKeys = 4096 keys for the middle query row, at d = 64 only (the head dim whose tiles it changes).
+// wide_band_keys(d) keys for the middle query row: 4096 at d = 64, 2048 at d = 256 (the head dims
+// whose tiles it changes).
 INSTANTIATE_TEST_SUITE_P(
     WideBands, ForwardParamsWideBand,
     ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, true},
@@ -499,7 +500,13 @@ INSTANTIATE_TEST_SUITE_P(
                       WideBandCase{"both_sides", {1, 16384, 16384, 4, 4, 64}, {false, 2000, 2100}, kAutoPack, true},
                       // Packed GQA rows keep their own tiles.
                       WideBandCase{"causal_8k_packed", {1, 8192, 8192, 8, 2, 64}, {true}, flashhop::PackGqa::kOn, false},
-                      WideBandCase{"causal_8k_gqa_unpacked", {1, 8192, 8192, 8, 2, 64}, {true}, kAutoPack, true}),
+                      WideBandCase{"causal_8k_gqa_unpacked", {1, 8192, 8192, 8, 2, 64}, {true}, kAutoPack, true},
+                      WideBandCase{"causal_4k_d256", {1, 4096, 4096, 4, 4, 256}, {true}, kAutoPack, true},
+                      WideBandCase{"causal_2k_d256", {1, 2048, 2048, 4, 4, 256}, {true}, kAutoPack, false},
+                      WideBandCase{"window_2047_wide_d256", {1, 16384, 16384, 4, 4, 256}, {false, 2047, 0}, kAutoPack,
+                                   true},
+                      WideBandCase{"window_2046_narrow_d256", {1, 16384, 16384, 4, 4, 256}, {false, 2046, 0}, kAutoPack,
+                                   false}),
     [](const ::testing::TestParamInfo<WideBandCase>& info) { return info.param.name; });
 
 TEST(ForwardParams, ResolvesPackGqa) {

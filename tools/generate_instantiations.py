@@ -16,10 +16,10 @@ HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 MASKS = {"nomask": "NoMask", "local": "LocalMask"}
 # Query heads of a KV group packed into the query tiles' rows (PackGqa), or one head per tile.
 PACKINGS = {"": "false", "_packgqa": "true"}
-# Head dims with query tiles of their own for wide bands (sm90::has_wide_band_tiles in tile_config.h):
+# Head dims with tiles of their own for wide bands (sm90::has_wide_band_tiles in tile_config.h):
 # one more file each, of the local mask with unpacked rows ("_wide"). A head dim missing here that
 # tile_config.h gives such tiles fails to link (dispatch.cu launches its wide-band kernel).
-WIDE_BAND_HEAD_DIMS = {64}
+WIDE_BAND_HEAD_DIMS = {64, 256}
 # Head dims d whose key tile needs a wgmma width from CuTe's extended shapes (tile_config.h: 112 at
 # d = 192, 80 at d = 256); their files include wgmma_extended.h. A file that lacks it where it is
 # needed fails to compile (ExtendedSsOp).

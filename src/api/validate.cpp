@@ -358,7 +358,7 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
                                  sm90::forward_tile_config(params.head_dim, params.local).block_m);
   params.wide_band = params.local && !params.pack_gqa && sm90::has_wide_band_tiles(params.head_dim) &&
                      middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right) >=
-                         sm90::kWideBandKeys;
+                         sm90::wide_band_keys(params.head_dim);
   params.device = args.q.device;
   return params;
 }
