@@ -25,6 +25,21 @@ CUTLASS_DEVICE float fast_exp2(float x) {
   return y;
 }
 
+// 1 / x and log2(x) by the MUFU unit (rcp.approx and lg2.approx, flush-to-zero; relative error
+// about 2^-23 and absolute about 2^-22): finalize's row sums are at least 1, where the IEEE division
+// and logf take a slow-path branch and a polynomial each, on the chain between a tile's last P V
+// and its epilogue.
+CUTLASS_DEVICE float fast_reciprocal(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+CUTLASS_DEVICE float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // tanh by the MUFU unit (tanh.approx.f32, relative error about 2^-11, below bf16's rounding).
 CUTLASS_DEVICE float fast_tanh(float x) {
   float y;
@@ -146,14 +161,15 @@ struct OnlineSoftmax {
   // LSE = -inf.
   template <class Accum>
   CUTLASS_DEVICE RowValues finalize(Accum&& o, float score_scale) {
+    constexpr float kLn2 = 0.6931471805599453f;
     RowValues lse, inv_sum;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
       float const sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
       bool const empty = !(sum > 0.f);
-      inv_sum[m] = empty ? 0.f : 1.f / sum;
+      inv_sum[m] = empty ? 0.f : fast_reciprocal(sum);
       lse[m] = empty ? -cutlass::platform::numeric_limits<float>::infinity()
-                     : row_max[m] * score_scale + logf(sum);
+                     : row_max[m] * score_scale + fast_log2(sum) * kLn2;
     }
     rescale(o, inv_sum);
     return lse;
