@@ -376,7 +376,8 @@ TEST_P(ForwardGpuPackGqa, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(PackGqa, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
-// ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles (tile_config.h, wide_band_keys) --
+// ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles (tile_config.h, wide_band_keys);
+// without a mask, rows over many keys (the grid's shorter keys take d = 256's 64-key tiles) -----
 
 std::vector<GridCase> wide_band_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): short queries on long keys, so that the middle
@@ -388,9 +389,10 @@ std::vector<GridCase> wide_band_cases() {
   // Every key tile kind: the right edge (the diagonal, or 40 or 100 keys past it), whole tiles, and
   // tiles cut by a left window (on the first shape, row i sees keys from i - 500 on).
   const NamedMasking kWideWindow{"window4500_100", {false, 4500, 100}};
+  const NamedMasking kSoftcapFull{"softcap_full", {false, -1, -1, 1.5f}};
   std::vector<GridCase> cases;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (const NamedMasking& masking : {kCausal, kSoftcapCausal, kWideWindow, kRightWindow}) {
+    for (const NamedMasking& masking : {kCausal, kSoftcapCausal, kWideWindow, kRightWindow, kFull, kSoftcapFull}) {
       for (const Problem& problem : shapes) cases.push_back({dtype, masking, problem});
     }
   }

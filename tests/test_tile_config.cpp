@@ -1,6 +1,8 @@
 // Host tests of the sm90 forward tile configuration: every (head dim, mask) choice must fit the
 // hardware limits that the kernel relies on.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -17,7 +19,7 @@ constexpr int kElementBytes = 2;                // bf16 / fp16
 struct ConfigCase {
   int head_dim, head_dim_v;
   bool local;
-  bool wide_band = false;
+  bool wide_band;
 };
 
 class TileConfig : public ::testing::TestWithParam<ConfigCase> {};
@@ -44,14 +46,16 @@ TEST_P(TileConfig, FitsTheKernelsLimits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
-                         ::testing::Values(ConfigCase{64, 64, false}, ConfigCase{64, 64, true},
-                                           ConfigCase{64, 64, true, true},
-                                           ConfigCase{96, 96, false}, ConfigCase{96, 96, true},
-                                           ConfigCase{128, 128, false}, ConfigCase{128, 128, true},
-                                           ConfigCase{192, 192, false}, ConfigCase{192, 192, true},
-                                           ConfigCase{192, 128, false}, ConfigCase{192, 128, true},
-                                           ConfigCase{256, 256, false}, ConfigCase{256, 256, true},
-                                           ConfigCase{256, 256, true, true}),
+                         ::testing::ValuesIn([] {
+                           std::vector<ConfigCase> cases;
+                           for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128},
+                                                {256, 256}}) {
+                             for (bool local : {false, true}) {
+                               for (bool wide : {false, true}) cases.push_back({d, dv, local, wide});
+                             }
+                           }
+                           return cases;
+                         }()),
                          [](const ::testing::TestParamInfo<ConfigCase>& info) {
                            const ConfigCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) + "_dv" + std::to_string(c.head_dim_v) +
@@ -61,21 +65,27 @@ INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
 TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
   // Wider key tiles waste more of the diagonal tile under a causal or window mask.
   for (int head_dim : {64, 96, 128, 192, 256}) {
-    EXPECT_LE(forward_tile_config(head_dim, true).block_n, forward_tile_config(head_dim, false).block_n)
-        << head_dim;
+    for (bool wide : {false, true}) {
+      EXPECT_LE(forward_tile_config(head_dim, true, wide).block_n, forward_tile_config(head_dim, false, wide).block_n)
+          << head_dim;
+    }
   }
 }
 
-TEST(TileConfigSelection, WideBandTilesAtHeadDims64And256Only) {
-  // tools/generate_instantiations.py writes the wide-band kernels of these head dims
-  // (WIDE_BAND_HEAD_DIMS); dispatch.cu launches them wherever has_wide_band_tiles holds.
+TEST(TileConfigSelection, BandWidthTilesAtHeadDims64And256Only) {
+  // tools/generate_instantiations.py writes the other band width's kernels of these head dims
+  // (BAND_WIDTH_HEAD_DIMS); dispatch.cu launches them wherever has_band_width_tiles holds.
+  using flashhop::sm90::has_band_width_tiles;
   for (int head_dim : {64, 96, 128, 192, 256}) {
-    EXPECT_EQ(flashhop::sm90::has_wide_band_tiles(head_dim), head_dim == 64 || head_dim == 256) << head_dim;
+    EXPECT_EQ(has_band_width_tiles(head_dim, true), head_dim == 64 || head_dim == 256) << head_dim;
+    EXPECT_EQ(has_band_width_tiles(head_dim, false), head_dim == 256) << head_dim;
   }
   EXPECT_EQ(forward_tile_config(64, true, true).block_m, 192);
-  // d = 256: narrow bands on 64-key tiles, wide ones on the 80-key tiles of the unmasked kernel.
+  // d = 256: narrow bands on 64-key tiles, wide ones on 80, masked or not.
   EXPECT_EQ(forward_tile_config(256, true, false).block_n, 64);
-  EXPECT_EQ(forward_tile_config(256, true, true), forward_tile_config(256, false));
+  EXPECT_EQ(forward_tile_config(256, false, false).block_n, 64);
+  EXPECT_EQ(forward_tile_config(256, true, true), forward_tile_config(256, false, true));
+  EXPECT_EQ(forward_tile_config(256, false, true).block_n, 80);
 }
 
 }  // namespace

@@ -469,7 +469,7 @@ struct WideBandCase {
   Problem problem;
   Masking masking;
   flashhop::PackGqa pack_gqa;
-  bool wide;  // expected: the kernel with wide-band tiles runs
+  bool wide;  // expected: ForwardParams::wide_band
 };
 
 class ForwardParamsWideBand : public ::testing::TestWithParam<WideBandCase> {};
@@ -485,21 +485,28 @@ TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
 
 constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
 
-// wide_band_keys(d) keys for the middle query row: 4096 at d = 64, 2048 at d = 256 (the head dims
-// whose tiles it changes).
+// wide_band_keys(d) keys for the middle query row (without a mask: seqlen_k): 4096 at d = 64, 2048
+// at d = 128 and 256 (d = 64 and 256 take tiles of their own for either width).
 INSTANTIATE_TEST_SUITE_P(
     WideBands, ForwardParamsWideBand,
     ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, true},
-                      WideBandCase{"causal_8k_d128", {1, 8192, 8192, 4, 4, 128}, {true}, kAutoPack, false},
+                      WideBandCase{"causal_8k_d128", {1, 8192, 8192, 4, 4, 128}, {true}, kAutoPack, true},
                       WideBandCase{"causal_4k", {1, 4096, 4096, 4, 4, 64}, {true}, kAutoPack, false},
                       // The middle row (500) sees 500 + 4000 + 1 keys.
                       WideBandCase{"causal_short_queries", {1, 1000, 5000, 4, 4, 64}, {true}, kAutoPack, true},
-                      WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, false},
+                      WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, true},
+                      WideBandCase{"no_mask_4095_keys", {1, 8192, 4095, 4, 4, 64}, {}, kAutoPack, false},
+                      WideBandCase{"no_mask_2k_d256", {1, 512, 2048, 4, 4, 256}, {}, kAutoPack, true},
+                      WideBandCase{"no_mask_2047_keys_d256", {1, 4096, 2047, 4, 4, 256}, {}, kAutoPack, false},
+                      // A window as wide as the keys is no mask.
+                      WideBandCase{"window_as_wide_as_keys_d256", {1, 1024, 1024, 4, 4, 256}, {false, 1023, 1023},
+                                   kAutoPack, false},
                       WideBandCase{"window_4095_wide", {1, 16384, 16384, 4, 4, 64}, {false, 4095, 0}, kAutoPack, true},
                       WideBandCase{"window_4094_narrow", {1, 16384, 16384, 4, 4, 64}, {false, 4094, 0}, kAutoPack, false},
                       WideBandCase{"both_sides", {1, 16384, 16384, 4, 4, 64}, {false, 2000, 2100}, kAutoPack, true},
                       // Packed GQA rows keep their own tiles.
                       WideBandCase{"causal_8k_packed", {1, 8192, 8192, 8, 2, 64}, {true}, flashhop::PackGqa::kOn, false},
+                      WideBandCase{"no_mask_short_keys_packed", {1, 1, 512, 8, 2, 256}, {}, kAutoPack, true},
                       WideBandCase{"causal_8k_gqa_unpacked", {1, 8192, 8192, 8, 2, 64}, {true}, kAutoPack, true},
                       WideBandCase{"causal_4k_d256", {1, 4096, 4096, 4, 4, 256}, {true}, kAutoPack, true},
                       WideBandCase{"causal_2k_d256", {1, 2048, 2048, 4, 4, 256}, {true}, kAutoPack, false},

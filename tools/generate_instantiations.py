@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes src/kernels/sm90/instantiations/: one forward configuration per .cu file.
 
-File names are fwd_<dtype>_hdim<d>[x<dv>]_<mask>[_packgqa|_wide].cu so that CMake can select them by FLASHHOP_DTYPES
+File names are fwd_<dtype>_hdim<d>[x<dv>]_<mask>[_packgqa|_wide|_narrow].cu so that CMake can select them by FLASHHOP_DTYPES
 and FLASHHOP_HEAD_DIMS ("192x128" is d = 192, dv = 128). Every (dtype, head dims, mask) combination
 is valid, packed GQA rows or not; a combination that a future feature makes invalid is dropped here, not by static_asserts
 in the kernel.
@@ -16,10 +16,14 @@ HEAD_DIMS = [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
 MASKS = {"nomask": "NoMask", "local": "LocalMask"}
 # Query heads of a KV group packed into the query tiles' rows (PackGqa), or one head per tile.
 PACKINGS = {"": "false", "_packgqa": "true"}
-# Head dims with tiles of their own for wide bands (sm90::has_wide_band_tiles in tile_config.h):
-# one more file each, of the local mask with unpacked rows ("_wide"). A head dim missing here that
-# tile_config.h gives such tiles fails to link (dispatch.cu launches its wide-band kernel).
-WIDE_BAND_HEAD_DIMS = {64, 256}
+# The band width of each mask's kernels (sm90::default_wide_band in tile_config.h): narrow bands
+# with a mask, all keys without one.
+DEFAULT_WIDE_BAND = {"nomask": True, "local": False}
+# Head dims with tiles of their own for the other band width (sm90::has_band_width_tiles), per
+# mask: one more file each, with unpacked rows ("_wide" bands with a mask, "_narrow" ones, i.e. few
+# keys, without). A head dim missing here that tile_config.h gives such tiles fails to link
+# (dispatch.cu launches its kernel).
+BAND_WIDTH_HEAD_DIMS = {"local": {64, 256}, "nomask": {256}}
 # Head dims d whose key tile needs a wgmma width from CuTe's extended shapes (tile_config.h: 112 at
 # d = 192, 80 at d = 256); their files include wgmma_extended.h. A file that lacks it where it is
 # needed fails to compile (ExtendedSsOp).
@@ -44,15 +48,17 @@ def expected_files(out_dir):
             extended = head_dim in EXTENDED_WGMMA_HEAD_DIMS
             extra_include = '\n#include "kernels/sm90/wgmma_extended.h"' if extended else ""
             for mask_name, mask in MASKS.items():
+                wide = DEFAULT_WIDE_BAND[mask_name]
                 for packing_name, pack in PACKINGS.items():
                     path = out_dir / f"fwd_{dtype}_hdim{dims}_{mask_name}{packing_name}.cu"
                     files[path] = TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
-                                                  mask=mask, pack=pack, wide="false", extra_include=extra_include)
-            if head_dim in WIDE_BAND_HEAD_DIMS:
-                path = out_dir / f"fwd_{dtype}_hdim{dims}_local_wide.cu"
-                files[path] = TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
-                                              mask=MASKS["local"], pack="false", wide="true",
-                                              extra_include=extra_include)
+                                                  mask=mask, pack=pack, wide=str(wide).lower(),
+                                                  extra_include=extra_include)
+                if head_dim in BAND_WIDTH_HEAD_DIMS[mask_name]:
+                    path = out_dir / f"fwd_{dtype}_hdim{dims}_{mask_name}_{'narrow' if wide else 'wide'}.cu"
+                    files[path] = TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
+                                                  mask=mask, pack="false", wide=str(not wide).lower(),
+                                                  extra_include=extra_include)
     return files
 
 

@@ -1,5 +1,5 @@
 // Runtime arguments become template arguments here, once: dtype -> element type, (head dim,
-// head dim of V) -> constants, mask -> policy, packed GQA rows and wide-band tiles -> flags.
+// head dim of V) -> constants, mask -> policy, packed GQA rows and the band width -> flags.
 // Configurations left out of the build (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include <string>
 #include <type_traits>
@@ -65,13 +65,16 @@ FLASHHOP_BUILT(cutlass::half_t, 256, 256)
 
 template <class Element, int kHeadDim, int kHeadDimV, class Mask>
 Status launch_with_mask(ForwardParams const& p, cudaStream_t stream) {
-  // Wide-band tiles exist for bands of unpacked rows, at the head dims whose tiles they change
-  // (make_forward_params sets wide_band only there).
-  if constexpr (Mask::kIsLocal && sm90::has_wide_band_tiles(kHeadDim)) {
-    if (p.wide_band) return sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, true>(p, stream);
+  constexpr bool kDefaultWide = sm90::default_wide_band(Mask::kIsLocal);
+  // Unpacked rows of the other band width, at the head dims with tiles of their own for it (packed
+  // rows always have the default width: make_forward_params).
+  if constexpr (sm90::has_band_width_tiles(kHeadDim, Mask::kIsLocal)) {
+    if (p.wide_band != kDefaultWide) {
+      return sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, !kDefaultWide>(p, stream);
+    }
   }
-  return p.pack_gqa ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true, false>(p, stream)
-                    : sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, false>(p, stream);
+  return p.pack_gqa ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true, kDefaultWide>(p, stream)
+                    : sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, kDefaultWide>(p, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV>

@@ -35,8 +35,9 @@ struct ForwardParams {
   bool local = false;  // the band hides some key from some query (else no mask is needed)
   // Query tiles run over (query row, head of the KV group) pairs, the head fastest (PackGqa).
   bool pack_gqa = false;
-  // A band whose query rows see many keys, at a head dim with tiles of its own for it
-  // (sm90::has_wide_band_tiles); never with pack_gqa.
+  // Whether the query rows see many keys (sm90::wide_band_keys; without a mask the band is all
+  // seqlen_k keys), which picks the tiles where a head dim has some for either width
+  // (sm90::has_band_width_tiles); packed GQA rows: sm90::default_wide_band(local).
   bool wide_band = false;
   // forward()'s workspace: with a band (`local`), the int counter of the tile queue
   // (CausalScheduler), zeroed before the kernel; without, the split last round's counters and

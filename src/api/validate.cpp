@@ -355,10 +355,13 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
   params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
-                                 sm90::forward_tile_config(params.head_dim, params.local).block_m);
-  params.wide_band = params.local && !params.pack_gqa && sm90::has_wide_band_tiles(params.head_dim) &&
-                     middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right) >=
-                         sm90::wide_band_keys(params.head_dim);
+                                 sm90::forward_tile_config(params.head_dim, params.local,
+                                                           sm90::default_wide_band(params.local))
+                                     .block_m);
+  // Without a mask the band is all seqlen_k keys (the widths above reach past every key).
+  params.wide_band = params.pack_gqa ? sm90::default_wide_band(params.local)
+                                     : middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left,
+                                                       params.window_right) >= sm90::wide_band_keys(params.head_dim);
   params.device = args.q.device;
   return params;
 }

@@ -233,13 +233,15 @@ struct ForwardKernel {
       walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, tile_loads, [&](int index, auto const& take_next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(index, tile);
-        // Set once this warpgroup no longer reads Q: the next tile loads, so the producer waits for
-        // this tile to release Q's buffer (q_free).
+        // Whether the next tile loads, so that the producer waits for this tile to release Q's
+        // buffer (q_free). Statically dealt tiles know it at once; from the queue it is known once
+        // producer thread 0 has taken the next index, after issuing this tile's last loads.
         bool release_q = false;
-        // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when the
-        // tile loads nothing).
+        if constexpr (Mainloop::kReleaseQInWalk) release_q = take_next().loads;
+        // With its own O buffer, Q is free once this warpgroup's S GEMMs are done (or at once when
+        // the tile loads nothing). With kReleaseQInWalk called inside the walk's last step: kept small.
         auto const q_read_done = [&] {
-          release_q = take_next().loads;
+          if constexpr (!Mainloop::kReleaseQInWalk) release_q = take_next().loads;
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
         typename Mainloop::TiledMmaPV mma_pv;

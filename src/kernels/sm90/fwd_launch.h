@@ -1,5 +1,5 @@
 // Host entry of the sm90 forward kernel for one (element type, head dim of Q/K, head dim of V, mask,
-// packed GQA rows or not, wide-band tiles or not: tile_config.h) configuration.
+// packed GQA rows or not, wide or narrow band: tile_config.h) configuration.
 // Defined in fwd_launch_impl.h and instantiated once per generated file under instantiations/.
 #pragma once
 

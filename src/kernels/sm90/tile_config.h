@@ -18,11 +18,13 @@ struct ForwardTileConfig {
 // Registers per consumer thread (after setmaxnreg: 240 with two consumer warpgroups, 160 with
 // three): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed registers, plus the
 // next S while softmax of the current one runs.
-// The tiles depend on d and the mask kind alone (d = 192 serves dv = 192 and 128); `local`: a
-// causal or sliding-window mask (LocalMask); `wide_band`: a band whose query rows see many keys
-// (wide_band_keys below), which some head dims run with tiles of their own: d = 64 taller query
-// tiles, d = 256 the wider key tiles that the narrow bands give up.
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band = false) {
+// The tiles depend on d, the mask kind and the band's width alone (d = 192 serves dv = 192 and
+// 128); `local`: a causal or sliding-window mask (LocalMask); `wide_band`: the query rows see many
+// keys (wide_band_keys below): with a mask, the band's middle row does; without one, each row sees
+// all seqlen_k keys, a band as wide as the keys. Some head dims take tiles of their own on one side
+// of it: d = 64 taller query tiles for wide bands, d = 256 64-key tiles for narrow ones. Packed GQA
+// rows take no such choice (default_wide_band).
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band) {
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
     // live floats), so each K/V tile serves 1.5 times the rows and each warpgroup's softmax hides
@@ -67,10 +69,12 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
   // Narrow bands take key tiles of 64: 512 keys are then 8 whole tiles instead of 7 with the last
   // 40% full, and the diagonal wastes less. H200, same session, 64 against 80: causal 512 +8.4%,
   // 1k +4.5%, 2k +3.5%, 4k -3.8%, 16k -4.8%; sliding window (256, 256) at 8k +4.8%, (1024, 0)
-  // -1.0%; without a mask 512 +5%, 1k to 16k level to -1.4% (one kernel there, so 80). As taken
-  // (64 for narrow bands, 80 from wide_band_keys), against 80 throughout, another session: causal
-  // 512 +10%, 1k +4.1%, 2k -1.9% (within that run's noise), 4k to 16k level.
-  if (local && !wide_band) return {128, 64, 2, true};
+  // -1.0%; without a mask 512 +5%, 1k to 16k level to -1.4%. As taken for bands (64 for narrow
+  // ones, 80 from wide_band_keys), against 80 throughout, another session: causal 512 +10%, 1k
+  // +4.1%, 2k -1.9% (within that run's noise), 4k to 16k level. Without a mask the same split by
+  // seqlen_k, 64 below wide_band_keys, against 80 throughout (H200, same session): 512 +5.3%, 1k
+  // +0.5%.
+  if (!wide_band) return {128, 64, 2, true};
   return {128, 80, 2, true};
 }
 
@@ -81,12 +85,19 @@ constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b
 
 // A band is wide when its middle query row sees at least this many keys (make_forward_params):
 // causal with seqlen_q = seqlen_k from 8k at d = 64, where its 192-row tiles gain, and from 4k at
-// d = 256, where the 80-key tiles win back (see above).
+// d = 256, where the 80-key tiles win back (see above); without a mask, from seqlen_k 2048 at
+// d = 256.
 constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 4096 : 2048; }
 
-// Whether head dim d has tiles of its own for wide bands (one kernel more per dtype).
-constexpr bool has_wide_band_tiles(int head_dim) {
-  return !(forward_tile_config(head_dim, true, true) == forward_tile_config(head_dim, true, false));
+// The band width of the kernels that take no choice of it (packed GQA rows, and head dims whose
+// tiles do not depend on it): narrow with a mask, wide without (the unmasked kernel's rows see all
+// keys, mostly many).
+constexpr bool default_wide_band(bool local) { return !local; }
+
+// Whether head dim d has tiles of its own for the band width that is not default_wide_band (one
+// kernel more per dtype and mask kind).
+constexpr bool has_band_width_tiles(int head_dim, bool local) {
+  return !(forward_tile_config(head_dim, local, true) == forward_tile_config(head_dim, local, false));
 }
 
 }  // namespace flashhop::sm90
