@@ -365,9 +365,10 @@ struct ForwardMainloop {
     // this warpgroup's last read of Q. Without a mask, where O has a buffer of its own, the step
     // that waits for it calls q_read_done, so that the next tile's Q loads while the last softmax,
     // P V and epilogue run (H200, same session, against the release after the walk: d = 128 at 512
-    // +5%, d = 64 512 +4%, 1k to 4k +2 to +2.5%, level from 8k). Not with a band: there q_read_done reads the tile queue's next index, and
-    // that read inside the step lengthened every step (d = 128 causal 16k 2377 -> 2486 cycles, -2
-    // to -4% in all) and spilled with three consumer warpgroups.
+    // +5%, d = 64 512 +4%, 1k to 4k +2 to +2.5%, level from 8k). Not with a band: there
+    // q_read_done reads the tile queue's next index, and that read inside the step lengthened
+    // every step (d = 128 causal 16k 2377 -> 2486 cycles, -2 to -4% in all) and spilled with three
+    // consumer warpgroups.
     n_block = first_block == blocks.end - 1 ? blocks.end - 2 : blocks.end - 1;
     int const last_walked = first_block == blocks.begin ? blocks.begin + 1 : blocks.begin;
 
