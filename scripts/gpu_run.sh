@@ -171,8 +171,9 @@ stage_gqa() {
 # multi-tile persistent shapes, whose CTAs hand Q's buffer over between tiles, at head dims whose O
 # has a buffer of its own (96, 192 x 128), whose O goes through Q's buffer (192), and with three
 # consumer warpgroups (64, and its wide-band kernel) (racecheck); each unpacked and with packed GQA
-# rows; d = 256 without a mask on few keys (its 64-key tiles, O through Q's buffer); and d = 128 on the shape whose CTAs walk the most tiles (query heads packed), runs of them
-# loading nothing under the causal mask (racecheck). The shapes whose last round is split
+# rows; d = 256 without a mask on few keys (its 64-key tiles, O through Q's buffer); and d = 128
+# on the shape whose CTAs walk the most tiles (query heads packed), runs of them loading nothing
+# under the causal mask (racecheck). The shapes whose last round is split
 # (split_round.h; d = 96 and 128 without a mask): memcheck, and racecheck of the one-row tiles'.
 stage_sanitize() {
   local log="$OUT/sanitize.log" binary="$BUILD_DIR/tests/flashhop_tests" status=0
