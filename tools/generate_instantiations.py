@@ -48,17 +48,18 @@ def expected_files(out_dir):
             extended = head_dim in EXTENDED_WGMMA_HEAD_DIMS
             extra_include = '\n#include "kernels/sm90/wgmma_extended.h"' if extended else ""
             for mask_name, mask in MASKS.items():
-                wide = DEFAULT_WIDE_BAND[mask_name]
-                for packing_name, pack in PACKINGS.items():
-                    path = out_dir / f"fwd_{dtype}_hdim{dims}_{mask_name}{packing_name}.cu"
+
+                def add(suffix, pack, wide):
+                    path = out_dir / f"fwd_{dtype}_hdim{dims}_{mask_name}{suffix}.cu"
                     files[path] = TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
                                                   mask=mask, pack=pack, wide=str(wide).lower(),
                                                   extra_include=extra_include)
+
+                wide = DEFAULT_WIDE_BAND[mask_name]
+                for packing_name, pack in PACKINGS.items():
+                    add(packing_name, pack, wide)
                 if head_dim in BAND_WIDTH_HEAD_DIMS[mask_name]:
-                    path = out_dir / f"fwd_{dtype}_hdim{dims}_{mask_name}_{'narrow' if wide else 'wide'}.cu"
-                    files[path] = TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
-                                                  mask=mask, pack="false", wide=str(not wide).lower(),
-                                                  extra_include=extra_include)
+                    add("_narrow" if wide else "_wide", "false", not wide)
     return files
 
 
