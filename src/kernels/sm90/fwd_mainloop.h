@@ -339,6 +339,19 @@ struct ForwardMainloop {
     auto needs_mask = [&](int n_block) {
       return n_block >= blocks.right_masked_from || n_block < blocks.left_masked_below;
     };
+    // The key tiles this warpgroup's own 64 rows see. With a band, an edge tile of the query tile
+    // may hold no key of them (64-key tiles on the diagonal: the upper warpgroup's rows end a tile
+    // before the lower one's); such a step would add P = 0 and leave the row statistics as they
+    // are, so the warpgroup skips its GEMMs and softmax (skip_step) and gets the same bits.
+    KeyBlocks const own_blocks = [&] {
+      if constexpr (Mask::kIsLocal) {
+        int const first_row = row_offset + consumer * 64;
+        return mask.template key_blocks<kBlockN>(params.rows.query(first_row), params.rows.query(first_row + 63));
+      } else {
+        return blocks;
+      }
+    }();
+    auto sees_none = [&](int n_block) { return n_block >= own_blocks.end || n_block < own_blocks.begin; };
 
     // P, the converted probabilities of the previous tile, as the register A operand of P V.
     Tensor s_first = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});  // (MMA, MMA_M, MMA_N)
@@ -398,6 +411,20 @@ struct ForwardMainloop {
       v_read = k_read;
       ++k_read;
     };
+    // A key tile of the query tile that this warpgroup's rows do not see: its turn at the tensor
+    // cores is passed on at once (the turns go round robin, so each warpgroup takes one per key
+    // tile), and its K and V stages are handed back once they have landed: released earlier,
+    // its arrivals would count into the stage's previous use, which the other warpgroup may still
+    // be reading. The P V owed from the previous tile waits for the next step.
+    auto skip_step = [&] {
+      MmaTurns::wait_turn(consumer);
+      MmaTurns::pass_turn(consumer);
+      pipeline_k.consumer_wait(k_read);
+      pipeline_k.consumer_release(k_read);
+      pipeline_v.consumer_wait(k_read);
+      pipeline_v.consumer_release(k_read);
+      ++k_read;
+    };
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
     // tiles, then the tiles cut by its left edge: a loop per kind, so that the unmasked loop holds
     // no masking code (H200, d = 128 non-causal 16k, one A/B run: 606 TFLOP/s with one loop and a
@@ -416,10 +443,16 @@ struct ForwardMainloop {
     // every loop, the single loop 40 (Q's descriptors, reloaded per key tile); H200, same session,
     // single loop against a loop per kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485
     // against 462.
-    auto right_edge = [&](auto softcap) {
-      for (; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) {
+    // Only edge tiles can be unseen by one warpgroup: a whole tile is seen by every row of the tile.
+    auto edge_step = [&](int n_block, auto softcap) {
+      if (Mask::kIsLocal && sees_none(n_block)) {
+        skip_step();
+      } else {
         step(n_block, true_type{}, softcap);
       }
+    };
+    auto right_edge = [&](auto softcap) {
+      for (; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) edge_step(n_block, softcap);
     };
     auto whole_tiles = [&](auto softcap) {
       if (n_block == first_block) --n_block;  // the highest whole tile, which the first step took
@@ -429,7 +462,7 @@ struct ForwardMainloop {
     };
     auto left_edge = [&](auto softcap) {
       if constexpr (Mask::kIsLocal) {
-        for (; n_block >= blocks.begin; --n_block) step(n_block, true_type{}, softcap);
+        for (; n_block >= blocks.begin; --n_block) edge_step(n_block, softcap);
       }
     };
     auto walk = [&](auto softcap) {
@@ -441,7 +474,7 @@ struct ForwardMainloop {
       for (; n_block >= blocks.begin; --n_block) {
         if (n_block == first_block) continue;
         if (needs_mask(n_block)) {
-          step(n_block, true_type{}, params.softcap);
+          edge_step(n_block, params.softcap);
         } else {
           step(n_block, false_type{}, params.softcap);
         }
