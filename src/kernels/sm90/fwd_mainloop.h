@@ -91,6 +91,14 @@ struct ForwardMainloop {
       (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutO> + cute::cosize_v<SmemLayoutK> +
        cute::cosize_v<SmemLayoutV>) * sizeof(Element) + 2048 <=
       227 * 1024;
+  // Whether a consumer warpgroup skips the edge key tiles its own rows do not see (mma). A skipped
+  // tile's stages go back while the P V owed from the tile before still holds its V stage, so two
+  // skips in a row would wait, with two stages, for a stage that only that P V frees. With two
+  // warpgroups there is at most one: the upper one's rows end at most 64 keys before the lower
+  // one's (less with packed rows), the lower one's start at most 64 after, and a tile of 64 keys
+  // or more fits that gap once at most; the upper one skips only on the right edge, the lower
+  // only on the left.
+  static constexpr bool kSkipUnseenTiles = Mask::kIsLocal && kConsumerWarpGroups == 2 && kBlockN >= 64;
   // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
   static constexpr bool kReleaseQInWalk = kSeparateO && !Mask::kIsLocal;
   // Else O is written into Q's buffer. Each consumer warpgroup may write only the bytes of the rows
@@ -351,7 +359,9 @@ struct ForwardMainloop {
         return blocks;
       }
     }();
-    auto sees_none = [&](int n_block) { return n_block >= own_blocks.end || n_block < own_blocks.begin; };
+    auto sees_none = [&](int n_block) {
+      return kSkipUnseenTiles && (n_block >= own_blocks.end || n_block < own_blocks.begin);
+    };
 
     // P, the converted probabilities of the previous tile, as the register A operand of P V.
     Tensor s_first = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});  // (MMA, MMA_M, MMA_N)
@@ -445,7 +455,7 @@ struct ForwardMainloop {
     // against 462.
     // Only edge tiles can be unseen by one warpgroup: a whole tile is seen by every row of the tile.
     auto edge_step = [&](int n_block, auto softcap) {
-      if (Mask::kIsLocal && sees_none(n_block)) {
+      if (sees_none(n_block)) {
         skip_step();
       } else {
         step(n_block, true_type{}, softcap);
