@@ -20,15 +20,16 @@ struct ConfigCase {
   int head_dim, head_dim_v;
   bool local;
   bool wide_band;
+  bool pack_gqa;
 };
 
 class TileConfig : public ::testing::TestWithParam<ConfigCase> {};
 
 TEST_P(TileConfig, FitsTheKernelsLimits) {
   const ConfigCase c = GetParam();
-  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.local, c.wide_band);
-  // Two or three consumer warpgroups of one 64-row wgmma atom each (WarpGroups' register budgets).
-  EXPECT_TRUE(config.block_m == 128 || config.block_m == 192) << config.block_m;
+  const ForwardTileConfig config = forward_tile_config(c.head_dim, c.local, c.wide_band, c.pack_gqa);
+  // One to three consumer warpgroups of one 64-row wgmma atom each (WarpGroups' register budgets).
+  EXPECT_TRUE(config.block_m == 64 || config.block_m == 128 || config.block_m == 192) << config.block_m;
   // S = Q K^T uses block_n as the wgmma N (a multiple of 8, at most 256); P V uses it as the K of
   // 16-wide register-A wgmma steps.
   EXPECT_EQ(config.block_n % 16, 0) << config.block_n;
@@ -51,7 +52,9 @@ INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
                            for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128},
                                                 {256, 256}}) {
                              for (bool local : {false, true}) {
-                               for (bool wide : {false, true}) cases.push_back({d, dv, local, wide});
+                               for (bool wide : {false, true}) {
+                                 for (bool pack : {false, true}) cases.push_back({d, dv, local, wide, pack});
+                               }
                              }
                            }
                            return cases;
@@ -59,14 +62,16 @@ INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,
                          [](const ::testing::TestParamInfo<ConfigCase>& info) {
                            const ConfigCase& c = info.param;
                            return "d" + std::to_string(c.head_dim) + "_dv" + std::to_string(c.head_dim_v) +
-                                  (c.local ? "_local" : "_full") + (c.wide_band ? "_wide" : "");
+                                  (c.local ? "_local" : "_full") + (c.wide_band ? "_wide" : "") +
+                                  (c.pack_gqa ? "_packgqa" : "");
                          });
 
 TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
   // Wider key tiles waste more of the diagonal tile under a causal or window mask.
   for (int head_dim : {64, 96, 128, 192, 256}) {
     for (bool wide : {false, true}) {
-      EXPECT_LE(forward_tile_config(head_dim, true, wide).block_n, forward_tile_config(head_dim, false, wide).block_n)
+      EXPECT_LE(forward_tile_config(head_dim, true, wide, false).block_n,
+                forward_tile_config(head_dim, false, wide, false).block_n)
           << head_dim;
     }
   }
@@ -80,12 +85,27 @@ TEST(TileConfigSelection, BandWidthTilesAtHeadDims64And256Only) {
     EXPECT_EQ(has_band_width_tiles(head_dim, true), head_dim == 64 || head_dim == 256) << head_dim;
     EXPECT_EQ(has_band_width_tiles(head_dim, false), head_dim == 256) << head_dim;
   }
-  EXPECT_EQ(forward_tile_config(64, true, true).block_m, 192);
+  EXPECT_EQ(forward_tile_config(64, true, true, false).block_m, 192);
   // d = 256: narrow bands on 64-key tiles, wide ones on 80, masked or not.
-  EXPECT_EQ(forward_tile_config(256, true, false).block_n, 64);
-  EXPECT_EQ(forward_tile_config(256, false, false).block_n, 64);
-  EXPECT_EQ(forward_tile_config(256, true, true), forward_tile_config(256, false, true));
-  EXPECT_EQ(forward_tile_config(256, false, true).block_n, 80);
+  EXPECT_EQ(forward_tile_config(256, true, false, false).block_n, 64);
+  EXPECT_EQ(forward_tile_config(256, false, false, false).block_n, 64);
+  EXPECT_EQ(forward_tile_config(256, true, true, false), forward_tile_config(256, false, true, false));
+  EXPECT_EQ(forward_tile_config(256, false, true, false).block_n, 80);
+}
+
+TEST(TileConfigSelection, PackedRowsOfHeadDim64OnOneWarpGroup) {
+  // d = 64's packed GQA rows: 64-row tiles, one consumer warpgroup, two CTAs per SM, no ping-pong;
+  // the other head dims' packed rows take their unpacked tiles of the default band width.
+  for (bool local : {false, true}) {
+    const ForwardTileConfig packed = forward_tile_config(64, local, flashhop::sm90::default_wide_band(local), true);
+    EXPECT_EQ(packed.block_m, 64);
+    EXPECT_FALSE(packed.mma_pingpong);
+    for (int head_dim : {96, 128, 192, 256}) {
+      const bool wide = flashhop::sm90::default_wide_band(local);
+      EXPECT_EQ(forward_tile_config(head_dim, local, wide, true), forward_tile_config(head_dim, local, wide, false))
+          << head_dim;
+    }
+  }
 }
 
 }  // namespace

@@ -436,13 +436,15 @@ struct PackGqaCase {
   int seqlen_q, heads_per_kv_head;
   bool packed;  // expected
   int tile_rows = 128;
+  int packed_tile_rows = 128;
 };
 
 class ForwardParamsPackGqa : public ::testing::TestWithParam<PackGqaCase> {};
 
 TEST_P(ForwardParamsPackGqa, PacksWhenAskedOrWhenTilesFillBetter) {
   const PackGqaCase& c = GetParam();
-  EXPECT_EQ(flashhop::detail::use_pack_gqa(c.mode, c.seqlen_q, c.heads_per_kv_head, c.tile_rows), c.packed);
+  EXPECT_EQ(flashhop::detail::use_pack_gqa(c.mode, c.seqlen_q, c.heads_per_kv_head, c.tile_rows, c.packed_tile_rows),
+            c.packed);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -455,7 +457,11 @@ INSTANTIATE_TEST_SUITE_P(
                       PackGqaCase{"full_tiles", flashhop::PackGqa::kAuto, 1024, 8, false},
                       PackGqaCase{"full_tiles_on", flashhop::PackGqa::kOn, 1024, 8, true},
                       // In 192-row tiles 1024 rows fill 89%, 8192 packed rows 99%.
-                      PackGqaCase{"full_tiles_of_128_not_of_192", flashhop::PackGqa::kAuto, 1024, 8, true, 192},
+                      PackGqaCase{"full_tiles_of_128_not_of_192", flashhop::PackGqa::kAuto, 1024, 8, true, 192, 192},
+                      // 100 rows fill 78% of 128-row tiles; 400 packed rows 78% of those too, but
+                      // 89% of 64-row ones (d = 64's packed tiles).
+                      PackGqaCase{"packed_tiles_of_128", flashhop::PackGqa::kAuto, 100, 4, false},
+                      PackGqaCase{"packed_tiles_of_64", flashhop::PackGqa::kAuto, 100, 4, true, 128, 64},
                       // 65 rows fill 51% of their tiles, 260 packed rows 68%.
                       PackGqaCase{"half_tile", flashhop::PackGqa::kAuto, 65, 4, true},
                       // 1000 rows fill 98% of theirs: packing cannot gain 10%.

@@ -70,7 +70,8 @@ std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
     cudaGetLastError();  // the failed query's error is not this call's
     return 0;
   }
-  const sm90::ForwardTileConfig tile = sm90::forward_tile_config(params.head_dim, /*local=*/false, params.wide_band);
+  const sm90::ForwardTileConfig tile =
+      sm90::forward_tile_config(params.head_dim, /*local=*/false, params.wide_band, /*pack_gqa=*/false);
   if (!sm90::splits_last_round(params.head_dim, tile.block_m / 64)) return 0;
   const std::int64_t num_tiles =
       std::int64_t{(params.seqlen_q + tile.block_m - 1) / tile.block_m} * params.nheads * params.batch;

@@ -47,9 +47,9 @@ struct ForwardParams {
 };
 
 // Whether a call packs the query heads of a KV group into its query tiles (PackGqa): kAuto packs
-// when heads_per_kv_head > 1 and the packed rows fill query tiles of tile_rows rows (the kernel's
-// block_m) better by more than 10%.
-bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows);
+// when heads_per_kv_head > 1 and the packed rows fill their query tiles (packed_tile_rows, the
+// packed kernel's block_m) better by more than 10% than the unpacked rows fill theirs (tile_rows).
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows, int packed_tile_rows);
 
 // Flattens arguments that validate_forward() accepted; the workspace is left null.
 ForwardParams make_forward_params(const ForwardArgs& args);

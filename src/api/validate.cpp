@@ -283,15 +283,15 @@ Status validate_forward(const ForwardArgs& args) {
 
 namespace detail {
 
-bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows) {
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows, int packed_tile_rows) {
   if (mode != PackGqa::kAuto) return mode == PackGqa::kOn;
   const std::int64_t packed = std::int64_t{seqlen_q} * heads_per_kv_head;
   if (heads_per_kv_head == 1 || packed > kMaxSeqlenSum) return false;
   // The fraction of a query tile's rows that hold queries, the last tile of each head counted.
-  const auto fill = [tile_rows](std::int64_t rows) {
-    return static_cast<double>(rows) / static_cast<double>((rows + tile_rows - 1) / tile_rows * tile_rows);
+  const auto fill = [](std::int64_t rows, int tile) {
+    return static_cast<double>(rows) / static_cast<double>((rows + tile - 1) / tile * tile);
   };
-  return fill(seqlen_q) < 0.9 * fill(packed);
+  return fill(seqlen_q, tile_rows) < 0.9 * fill(packed, packed_tile_rows);
 }
 
 namespace {
@@ -354,10 +354,11 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
   params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
-  params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
-                                 sm90::forward_tile_config(params.head_dim, params.local,
-                                                           sm90::default_wide_band(params.local))
-                                     .block_m);
+  const bool default_wide = sm90::default_wide_band(params.local);
+  params.pack_gqa =
+      use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
+                   sm90::forward_tile_config(params.head_dim, params.local, default_wide, /*pack_gqa=*/false).block_m,
+                   sm90::forward_tile_config(params.head_dim, params.local, default_wide, /*pack_gqa=*/true).block_m);
   // Without a mask the band is all seqlen_k keys (the widths above reach past every key).
   params.wide_band = params.pack_gqa ? sm90::default_wide_band(params.local)
                                      : middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left,

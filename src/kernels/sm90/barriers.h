@@ -12,25 +12,34 @@ inline constexpr int kMaxConsumerWarpGroups = 3;  // the named-barrier ids below
 // Warpgroup 0 is the producer (TMA issue); warpgroups 1 .. kConsumers each own 64 query rows.
 // setmaxnreg budgets: the producer only computes addresses; the consumers hold S, P and O.
 // Two consumers: 128 x (24 + 2 x 240) = 64512 of the SM's 65536 registers;
-// three: 128 x (24 + 3 x 160), as many.
+// three: 128 x (24 + 3 x 160), as many. One consumer (d = 64's packed GQA rows, tile_config.h):
+// two CTAs per SM, each 128 x (24 + 232) = 32768, half the SM's registers.
 template <int kConsumers_>
 struct WarpGroups {
   static constexpr int kConsumers = kConsumers_;
-  static_assert(kConsumers >= 2 && kConsumers <= kMaxConsumerWarpGroups, "two or three consumer warpgroups");
+  static_assert(kConsumers >= 1 && kConsumers <= kMaxConsumerWarpGroups, "one to three consumer warpgroups");
   static constexpr int kConsumerThreads = kConsumers * kThreadsPerWarpGroup;
   static constexpr int kThreads = (1 + kConsumers) * kThreadsPerWarpGroup;
+  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
-  static_assert(kThreadsPerWarpGroup * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536);
+  static constexpr int kConsumerRegisters = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
+  static_assert(kThreadsPerWarpGroup * (kProducerRegisters + kConsumers * kConsumerRegisters) * kCtasPerSm <= 65536);
 };
 
 // Named barriers (ids above CUTLASS's reserved ones, offset by cutlass::arch::NamedBarrier): per
 // consumer warpgroup c, one around its epilogue's use of its rows of the O buffer and their store,
-// and one that lets it issue its next GEMMs (MmaScheduler).
+// one that lets it issue its next GEMMs (MmaScheduler), and one that lets it write an O buffer
+// that the warpgroups take in turn (OBufferTurns).
 CUTLASS_DEVICE unsigned epilogue_barrier(int consumer) { return static_cast<unsigned>(consumer); }
 CUTLASS_DEVICE unsigned mma_turn_barrier(int consumer) {
   return static_cast<unsigned>(kMaxConsumerWarpGroups + consumer);
 }
+CUTLASS_DEVICE unsigned o_turn_barrier(int consumer) {
+  return static_cast<unsigned>(2 * kMaxConsumerWarpGroups + consumer);
+}
+static_assert(cutlass::arch::NamedBarrier::ReservedNamedBarrierCount + 2 * kMaxConsumerWarpGroups + 2 <=
+                  cutlass::arch::NamedBarrier::HardwareMaxNumNamedBarriers,
+              "more named barriers than the hardware has");
 
 // Synchronises the 128 threads of consumer warpgroup `consumer` in its epilogue.
 CUTLASS_DEVICE void sync_epilogue(int consumer) {
@@ -62,6 +71,28 @@ struct MmaScheduler {
   // passed last (or init's), so no barrier is left half-arrived.
   static CUTLASS_DEVICE void finish(int consumer) {
     if (consumer == 0) wait_turn(0);
+  }
+};
+
+// Hands one O buffer between the two consumer warpgroups (epilogue.h, ForwardEpilogue::kTakeTurns):
+// warpgroup c waits on its own barrier before it writes the buffer, and warp 0 of the other
+// arrives there once that one's TMA store has read it. Each barrier counts the 128 waiting threads
+// and the 32 arriving ones. Per tile each warpgroup writes once, warpgroup 0 first.
+struct OBufferTurns {
+  static constexpr unsigned kThreads = kThreadsPerWarpGroup + 32;
+
+  // By warp 0 of consumer 0: its first wait finds the buffer free.
+  static CUTLASS_DEVICE void init() { cutlass::arch::NamedBarrier::arrive(kThreads, o_turn_barrier(0)); }
+  static CUTLASS_DEVICE void wait(int consumer) {
+    cutlass::arch::NamedBarrier::sync(kThreads, o_turn_barrier(consumer));
+  }
+  // By a whole warp (warp 0 of the warpgroup), after its TMA store has read the buffer.
+  static CUTLASS_DEVICE void pass(int consumer) {
+    cutlass::arch::NamedBarrier::arrive(kThreads, o_turn_barrier(1 - consumer));
+  }
+  // Consumer 0 takes the last pass of consumer 1, so that no barrier is left half-arrived.
+  static CUTLASS_DEVICE void finish(int consumer) {
+    if (consumer == 0) wait(0);
   }
 };
 

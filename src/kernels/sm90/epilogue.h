@@ -2,10 +2,11 @@
 // (stmatrix) -> global memory (a TMA store, which also clips rows past seqlen_q; with packed GQA
 // rows, 16-byte stores by every thread, each row to its own head); LSE is written per row by the
 // thread that owns it. O passes through a buffer of its own where shared memory has room
-// (Mainloop::kSeparateO), else through Q's buffer, which the mainloop no longer reads then.
-// Each consumer warpgroup stores its own 64 rows and synchronises only with itself, so one
-// warpgroup's epilogue runs while the other still computes (the ping-pong offset survives the
-// tile boundary).
+// (Mainloop::kSeparateO); else through a buffer of one warpgroup's rows that the two consumer
+// warpgroups take in turn (Mainloop::kTakeTurnsO); else through Q's buffer, which the mainloop no
+// longer reads then. Each consumer warpgroup stores its own 64 rows and synchronises only with
+// itself (in turn, with the other's store of the tile before), so one warpgroup's epilogue runs
+// while the other still computes (the ping-pong offset survives the tile boundary).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,6 +17,21 @@
 #include "kernels/sm90/gmma_utils.h"
 
 namespace flashhop::sm90 {
+
+// The tile's rows of O (kBlockM, dv) as the consumer warpgroups write them: O's layout, or with a
+// buffer taken in turn, every warpgroup's 64 rows on the same buffer: ((64, warpgroups), dv). (A
+// function, so that the composition is formed only where it is valid.)
+template <bool kTakeTurns, class SmemLayoutO, class SmemLayoutOBuffer, class BlockM, class HeadDimV>
+constexpr auto o_tile_layout() {
+  if constexpr (kTakeTurns) {
+    using WarpGroups = cute::Int<BlockM::value / 64>;
+    return cute::composition(SmemLayoutOBuffer{},
+                             cute::Layout<cute::Shape<cute::Shape<cute::_64, WarpGroups>, HeadDimV>,
+                                          cute::Stride<cute::Stride<cute::_1, cute::_0>, cute::_64>>{});
+  } else {
+    return SmemLayoutO{};
+  }
+}
 
 template <class Mainloop>
 struct ForwardEpilogue {
@@ -28,7 +44,12 @@ struct ForwardEpilogue {
   // Sharing Q's buffer, each consumer warpgroup writes only the rows its own Q K^T GEMMs read
   // (Mainloop checks that O's layout allows this), so no cross-warpgroup hazard arises.
   using SmemLayoutO = typename Mainloop::SmemLayoutO;  // (kBlockM, dv)
-  static constexpr bool kOwnBuffer = Mainloop::kSeparateO;
+  // Whether O leaves Q's buffer alone, and whether its buffer holds one warpgroup's rows, taken in
+  // turn (OBufferTurns).
+  static constexpr bool kOwnBuffer = Mainloop::kOOutsideQ;
+  static constexpr bool kTakeTurns = Mainloop::kTakeTurnsO;
+  using SmemLayoutOBuffer =
+      cute::conditional_t<kTakeTurns, typename Mainloop::SmemLayoutOOneWarpGroup, SmemLayoutO>;
   // Arrivals on q_free per consumer warpgroup and hand-over of Q's buffer. Packed rows of O in Q's
   // buffer are read by every thread (store_packed), and each thread arrives after its own reads, so
   // that each arrival releases exactly the reads it orders (one elected arrival after a named
@@ -37,13 +58,18 @@ struct ForwardEpilogue {
   // longer read Q (no generic-proxy reads of the buffer to order).
   static constexpr int kQFreeArrivalsPerWarpGroup = !kOwnBuffer && kPackGqa ? kThreadsPerWarpGroup : 1;
   struct SharedStorage {
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> o;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutOBuffer>, 1024> o;
   };
-  // One consumer warpgroup's rows: O's layout restricted to 64 rows. The warpgroups' rows
-  // interleave (all lie in every 64-column block of swizzle atoms); each is one 8 KB box per block.
+  // One consumer warpgroup's rows as the TMA store reads them: O's layout restricted to 64 rows
+  // (the warpgroups' rows interleave: all lie in every 64-column block of swizzle atoms; each is
+  // one 8 KB box per block), or the whole buffer taken in turn.
   using WarpGroupM = cute::Int<64>;
-  using SmemLayoutOWarpGroup = decltype(cute::composition(
-      SmemLayoutO{}, cute::Layout<cute::Shape<WarpGroupM, HeadDimV>, cute::Stride<cute::_1, BlockM>>{}));
+  using SmemLayoutOWarpGroup = cute::conditional_t<
+      kTakeTurns, SmemLayoutOBuffer,
+      decltype(cute::composition(SmemLayoutO{},
+                                 cute::Layout<cute::Shape<WarpGroupM, HeadDimV>, cute::Stride<cute::_1, BlockM>>{}))>;
+  // The tile's rows as the consumers write them (stmatrix).
+  using SmemLayoutOTile = decltype(o_tile_layout<kTakeTurns, SmemLayoutO, SmemLayoutOBuffer, BlockM, HeadDimV>());
   using GmemTensor = typename Mainloop::GmemTensorV;
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpGroup{},
                                             cute::Shape<WarpGroupM, HeadDimV>{}, cute::_1{}));
@@ -106,8 +132,11 @@ struct ForwardEpilogue {
 
     int const consumer = thread_idx / kThreadsPerWarpGroup;
     bool const leader = thread_idx % kThreadsPerWarpGroup == 0;  // issues and waits for the warpgroup's TMA store
-    Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});  // (kBlockM, dv)
-    if constexpr (kOwnBuffer) {
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutOTile{});  // (kBlockM, dv)
+    if constexpr (kTakeTurns) {
+      // The other warpgroup's TMA store has read the buffer (and ours of the tile before had, too).
+      OBufferTurns::wait(consumer);
+    } else if constexpr (kOwnBuffer) {
       // This warpgroup's previous TMA store (or, packed, its threads' reads) may still be reading its rows.
       if (!kPackGqa && leader) tma_store_wait<0>();
       sync_epilogue(consumer);
@@ -131,13 +160,26 @@ struct ForwardEpilogue {
       Tensor mO = params.tma_o.get_tma_tensor(make_shape(params.seqlen_q, HeadDimV{}, params.nheads, params.batch));
       Tensor gO = local_tile(mO(_, _, head, batch), Shape<WarpGroupM, HeadDimV>{},
                              make_coord(m_block * Mainloop::kConsumerWarpGroups + consumer, _0{}));  // (64, dv)
-      Tensor sO_rows = local_tile(sO, Shape<WarpGroupM, HeadDimV>{}, make_coord(consumer, _0{}));  // (64, dv)
+      Tensor sO_rows = [&] {  // (64, dv)
+        if constexpr (kTakeTurns) {
+          return make_tensor(make_smem_ptr(smem_o), SmemLayoutOWarpGroup{});
+        } else {
+          return local_tile(sO, Shape<WarpGroupM, HeadDimV>{}, make_coord(consumer, _0{}));
+        }
+      }();
       auto tma_o = params.tma_o.get_slice(_0{});
       copy(params.tma_o, tma_o.partition_S(sO_rows), tma_o.partition_D(gO));
       tma_store_arrive();
-      if constexpr (!kOwnBuffer) {
+      if constexpr (!kOwnBuffer || kTakeTurns) {
         tma_store_wait<0>();  // the TMA has read this warpgroup's rows of O from shared memory
-        if (release_q) q_free.arrive();
+        if (!kOwnBuffer && release_q) q_free.arrive();
+      }
+    }
+    if constexpr (kTakeTurns) {
+      // The other warpgroup may write the buffer now: warp 0 passes it on once its leader saw the read.
+      if (thread_idx % kThreadsPerWarpGroup < 32) {
+        __syncwarp();
+        OBufferTurns::pass(consumer);
       }
     }
     if constexpr (!kOwnBuffer) {
@@ -178,9 +220,17 @@ struct ForwardEpilogue {
     }
   }
 
+  // Before the first tile; thread_idx as in store.
+  static CUTLASS_DEVICE void init(int thread_idx) {
+    if constexpr (kTakeTurns) {
+      if (thread_idx < 32) OBufferTurns::init();  // warp 0 of consumer 0
+    }
+  }
+
   // After the last tile: the CTA's shared memory must outlive the TMA's reads of it.
   static CUTLASS_DEVICE void finish(int thread_idx) {
     if (thread_idx % kThreadsPerWarpGroup == 0) cute::tma_store_wait<0>();
+    if constexpr (kTakeTurns) OBufferTurns::finish(thread_idx / kThreadsPerWarpGroup);
   }
 };
 

@@ -32,6 +32,9 @@ struct ForwardKernel {
   static constexpr bool kSplitRound = !Mask::kIsLocal && !Mainloop::kPackGqa &&
                                       splits_last_round(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups);
   using SplitMerge = SplitCombine<Mainloop::kHeadDimV, Mainloop::kConsumerWarpGroups>;
+  // A part of a split tile may store nothing for one warpgroup and O for the other, which would
+  // break the turns of an O buffer taken in turn.
+  static_assert(!(kSplitRound && Epilogue::kTakeTurns), "a split round with an O buffer taken in turn");
 
   struct NoStorage {};
   struct SharedStorage {
@@ -61,7 +64,8 @@ struct ForwardKernel {
 
   // num_sms: the device's, which the persistent grids are sized to.
   static Params to_params(detail::ForwardParams const& p, int num_sms) {
-    typename Scheduler::Params const scheduler = make_scheduler_params(p, num_sms);
+    // The persistent grids take kCtasPerSm CTAs per SM.
+    typename Scheduler::Params const scheduler = make_scheduler_params(p, num_sms * Mainloop::Roles::kCtasPerSm);
     typename SplitMerge::Params split{nullptr, nullptr};
     if constexpr (kSplitRound) split = SplitMerge::to_params(p.workspace, scheduler.split);
     return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), scheduler, split};
@@ -230,6 +234,7 @@ struct ForwardKernel {
       typename Mainloop::PipelineState read;
       int q_full_phase = 0;
       Mainloop::MmaTurns::init(consumer);
+      Epilogue::init(thread_idx);
       walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, tile_loads, [&](int index, auto const& take_next) {
         ForwardTile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(index, tile);
@@ -286,7 +291,8 @@ struct ForwardKernel {
 };
 
 template <class Kernel>
-__global__ void __launch_bounds__(Kernel::kThreads, 1) forward_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+__global__ void __launch_bounds__(Kernel::kThreads, Kernel::Mainloop::Roles::kCtasPerSm)
+    forward_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
   extern __shared__ __align__(1024) unsigned char smem_buf[];
   Kernel{}(params, smem_buf);
 }

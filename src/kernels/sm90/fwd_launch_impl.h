@@ -26,6 +26,15 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
   }
+  // Several CTAs per SM need the most shared memory the SM can give (the default carveout may not
+  // hold two).
+  if constexpr (Mainloop::Roles::kCtasPerSm > 1) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) {
+      return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
+    }
+  }
   // The tile queue's counter (tile_scheduler.h), or the split round's counters (split_round.h),
   // start at zero in every call.
   std::size_t counter_bytes = 0;

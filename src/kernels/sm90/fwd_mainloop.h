@@ -28,7 +28,7 @@ struct ForwardMainloop {
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kWideBand_);
+  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kWideBand_, kPackGqa);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -85,12 +85,26 @@ struct ForwardMainloop {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
   };
 
+  // One consumer warpgroup's rows of O, in the same swizzled layout.
+  using SmemLayoutOOneWarpGroup = decltype(cute::tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, cute::_64, HeadDimV>(),
+      cute::Shape<cute::_64, HeadDimV>{}));  // (64, dv)
+  static constexpr int kQKVBytes =
+      (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutK> + cute::cosize_v<SmemLayoutV>) * sizeof(Element);
   // O gets a buffer of its own when it fits next to Q and the K/V rings: the producer can then
   // refill Q as soon as the last S GEMM has read it, while the epilogue still runs.
-  static constexpr bool kSeparateO =
-      (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutO> + cute::cosize_v<SmemLayoutK> +
-       cute::cosize_v<SmemLayoutV>) * sizeof(Element) + 2048 <=
-      227 * 1024;
+  static constexpr bool kSeparateO = kQKVBytes + cute::cosize_v<SmemLayoutO> * sizeof(Element) + 2048 <= 227 * 1024;
+  // Else, without a mask and where one warpgroup's rows of O fit (d = 256 on 64-key tiles:
+  // seqlen_k below 2048), the two consumer warpgroups pass their O through that buffer in turn
+  // (epilogue.h), and the walk's last step releases Q as with a buffer of its own. H200, two
+  // sessions, against O in Q's buffer: seqlen 512 +5.8 / +2.4%, 1k +3.0 / +1.3%. The band kernels
+  // release Q after the walk either way, so the turns only cost them (causal 512 to 2k -1.4 to
+  // -3.3%). Not with packed rows, whose stores read O from every thread.
+  static constexpr bool kTakeTurnsO =
+      !kSeparateO && kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
+      kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(Element) + 2048 <= 227 * 1024;
+  // Whether O passes through a buffer other than Q's.
+  static constexpr bool kOOutsideQ = kSeparateO || kTakeTurnsO;
   // Whether a consumer warpgroup skips the edge key tiles its own rows do not see (mma). A skipped
   // tile's stages go back while the P V owed from the tile before still holds its V stage, so two
   // skips in a row would wait, with two stages, for a stage that only that P V frees. With two
@@ -103,11 +117,12 @@ struct ForwardMainloop {
   static constexpr bool kSkipUnseenTiles =
       Mask::kIsLocal && kConsumerWarpGroups == 2 && kBlockN >= 64 && kBlockN < kBlockM;
   // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
-  static constexpr bool kReleaseQInWalk = kSeparateO && !Mask::kIsLocal;
-  // Else O is written into Q's buffer. Each consumer warpgroup may write only the bytes of the rows
-  // its own Q K^T GEMMs read: true when O's layout is Q's restricted to the first dv columns, i.e.
-  // equal, or with swizzle atoms of 64 columns stacked over all rows before the next 64 columns.
-  static_assert(kSeparateO || kHeadDimV == kHeadDim || (kHeadDim % 64 == 0 && kHeadDimV % 64 == 0),
+  static constexpr bool kReleaseQInWalk = kOOutsideQ && !Mask::kIsLocal;
+  // Else (not kOOutsideQ) O is written into Q's buffer. Each consumer warpgroup may write only the
+  // bytes of the rows its own Q K^T GEMMs read: true when O's layout is Q's restricted to the first
+  // dv columns, i.e. equal, or with swizzle atoms of 64 columns stacked over all rows before the
+  // next 64 columns.
+  static_assert(kOOutsideQ || kHeadDimV == kHeadDim || (kHeadDim % 64 == 0 && kHeadDimV % 64 == 0),
                 "O cannot share Q's buffer with these head dims");
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;

@@ -16,15 +16,15 @@ struct ForwardTileConfig {
 // `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
 // of its own where it fits, else it reuses Q's.
 // Registers per consumer thread (after setmaxnreg: 240 with two consumer warpgroups, 160 with
-// three): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed registers, plus the
+// three, 232 with one): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed registers, plus the
 // next S while softmax of the current one runs.
 // The tiles depend on d, the mask kind and the band's width alone (d = 192 serves dv = 192 and
 // 128); `local`: a causal or sliding-window mask (LocalMask); `wide_band`: the query rows see many
 // keys (wide_band_keys below): with a mask, the band's middle row does; without one, each row sees
 // all seqlen_k keys, a band as wide as the keys. Some head dims take tiles of their own on one side
 // of it: d = 64 taller query tiles for wide bands, d = 256 64-key tiles for narrow ones. Packed GQA
-// rows take no such choice (default_wide_band).
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band) {
+// rows (`pack_gqa`) take no such choice (default_wide_band); at d = 64 they have tiles of their own.
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band, bool pack_gqa) {
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
     // live floats), so each K/V tile serves 1.5 times the rows and each warpgroup's softmax hides
@@ -40,6 +40,14 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // samples, with the tensor pipe 58% busy). Four chains, H200, same session: non-causal +2 to
     // +4% at every length (16k 503 -> 521 TFLOP/s); the band kernels lost 1-7% (the wide one
     // spilled 88 bytes instead of 40), so they keep one.
+    // Packed GQA rows: 64-row tiles with one consumer warpgroup and two CTAs per SM (WarpGroups;
+    // smem: Q 8 KB + 2 x (K 16 KB + V 16 KB) + O 8 KB = 80 KB each), so that one CTA's tile
+    // boundary (Q gathered by cp.async, O stored row by row) overlaps the other's key tiles. H200,
+    // same session, against the tiles below: 8 x 128 queries on 1024 keys, 32 / 8 heads, causal
+    // +11%, without a mask +43%; 4 x 16 queries on 8192 keys, 32 / 4 heads, causal +19%. Unpacked
+    // rows lost on them (each K/V tile then serves 64 rows): causal 512 level, 1k to 4k -2 to -6%;
+    // without a mask, seqlen 512 / 1k / 2k -9 / -7 / -15%.
+    if (pack_gqa) return {64, 128, 2, false, local ? 1 : 4};
     if (!local) return {192, 128, 2, true, 4};
     if (wide_band) return {192, 128, 2, true};
     return {128, 128, 2, true};
@@ -62,7 +70,9 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // V 42 KB) = 216 KB with O aliased on Q; dv = 128: Q 48 + 2 x (42 + 28) + O 32 = 220 KB.
     return {128, 112, 2, true};
   }
-  // d = 256: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB, the most that fits with O aliased on Q.
+  // d = 256: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB, the most that fits with O aliased on Q;
+  // on 64-key tiles, 192 KB leave room for one warpgroup's rows of O (32 KB), which the two
+  // consumer warpgroups take in turn without a mask (fwd_mainloop.h, kTakeTurnsO).
   // O alone takes 128 registers per thread, so S stays small (40 floats). Ping-pong on against off
   // (H200, same session): non-causal 1k 575 vs 564 TFLOP/s, 16k 691 vs 694; causal 1k 353 vs 341,
   // 16k 671 vs 667; d = 192, 4k: 664 vs 660. Kept on for both.
@@ -97,7 +107,7 @@ constexpr bool default_wide_band(bool local) { return !local; }
 // Whether head dim d has tiles of its own for the band width that is not default_wide_band (one
 // kernel more per dtype and mask kind).
 constexpr bool has_band_width_tiles(int head_dim, bool local) {
-  return !(forward_tile_config(head_dim, local, true) == forward_tile_config(head_dim, local, false));
+  return !(forward_tile_config(head_dim, local, true, false) == forward_tile_config(head_dim, local, false, false));
 }
 
 }  // namespace flashhop::sm90
