@@ -14,6 +14,7 @@ using flashhop::sm90::forward_tile_config;
 using flashhop::sm90::ForwardTileConfig;
 
 constexpr int kSharedBytesPerCta = 227 * 1024;  // sm_90 opt-in limit for one CTA
+constexpr int kSharedBytesPerSm = 228 * 1024;   // and for all CTAs of an SM (1 KB of it reserved per CTA)
 constexpr int kElementBytes = 2;                // bf16 / fp16
 
 struct ConfigCase {
@@ -44,6 +45,11 @@ TEST_P(TileConfig, FitsTheKernelsLimits) {
   const int tensor_bytes =
       (config.block_m * c.head_dim + config.stages * config.block_n * (c.head_dim + c.head_dim_v)) * kElementBytes;
   EXPECT_LE(tensor_bytes + 1024, kSharedBytesPerCta) << "block_n " << config.block_n;
+  // One consumer warpgroup runs two CTAs per SM (WarpGroups), each with O in its own buffer.
+  if (config.block_m == 64) {
+    const int o_bytes = config.block_m * c.head_dim_v * kElementBytes;
+    EXPECT_LE(2 * (tensor_bytes + o_bytes + 1024), kSharedBytesPerSm) << "block_n " << config.block_n;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllHeadDims, TileConfig,

@@ -16,8 +16,8 @@ struct ForwardTileConfig {
 // `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
 // of its own where it fits, else it reuses Q's.
 // Registers per consumer thread (after setmaxnreg: 240 with two consumer warpgroups, 160 with
-// three, 232 with one): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed registers, plus the
-// next S while softmax of the current one runs.
+// three, 232 with one): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed
+// registers, plus the next S while softmax of the current one runs.
 // The tiles depend on d, the mask kind and the band's width alone (d = 192 serves dv = 192 and
 // 128); `local`: a causal or sliding-window mask (LocalMask); `wide_band`: the query rows see many
 // keys (wide_band_keys below): with a mask, the band's middle row does; without one, each row sees
