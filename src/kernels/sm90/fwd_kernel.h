@@ -53,6 +53,9 @@ struct ForwardKernel {
   // of the warp that gathers packed Q.
   static constexpr int kTileReaders = Mainloop::Roles::kConsumerThreads + (Mainloop::kPackGqa ? 32 : 0);
   static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
+  // The persistent grids count on kCtasPerSm CTAs per SM: 228 KB per SM, 1 KB of it reserved per CTA.
+  static_assert(Mainloop::Roles::kCtasPerSm * (kSharedBytes + 1024) <= 228 * 1024,
+                "the CTAs that the persistent grid puts on one SM do not fit its shared memory");
 
   struct Params {
     typename Mainloop::Params mainloop;
