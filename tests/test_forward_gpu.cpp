@@ -376,6 +376,19 @@ TEST_P(ForwardGpuPackGqa, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(PackGqa, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
+// Packed rows without a mask split their last round by keys (split_round.h; d <= 128), here the
+// only one, as their tiles are fewer than the CTAs. Decoding in {3, 1, 9000, 8, 2} (one query, so
+// causal masks nothing): 6 packed tiles of 71 key tiles (47 of 192 keys at d = 96) over an H200's
+// 132 CTAs (264 at d = 64, two per SM) in runs of 2 to 4 key tiles (1 or 2 at d = 64), so each
+// tile merges 20 to 45 parts. In {2, 37, 3000, 16, 2}, 296 packed rows per KV head: 12 tiles of
+// 128 rows (20 of 64 at d = 64) of 24 key tiles (16 at d = 96), each KV head's last tile partly
+// padding; causal, a band over it, runs unsplit from the tile queue. d = 192 and 256 never split.
+std::vector<GridCase> pack_gqa_split_cases() {
+  return grid_cases({{3, 1, 9000, 8, 2}, {2, 37, 3000, 16, 2}}, {kFull, kCausal}, {kFull});
+}
+INSTANTIATE_TEST_SUITE_P(PackGqaSplit, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_split_cases()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
+
 // ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles (tile_config.h, wide_band_keys);
 // without a mask, rows over many keys (the grid's shorter keys take d = 256's 64-key tiles) -----
 
@@ -544,7 +557,10 @@ INSTANTIATE_TEST_SUITE_P(
                       RepeatCase{DType::kFloat16, kFull, {3, 513, 777, 32, 8, 64}},
                       RepeatCase{DType::kBFloat16, kSoftcapWindow, {2, 1500, 1500, 8, 2, 96}},
                       RepeatCase{DType::kBFloat16, kCausalWindow, {2, 1500, 1500, 8, 2, 192, 128}},
-                      RepeatCase{DType::kBFloat16, kCausal, {4, 300, 500, 16, 2, 128}, flashhop::PackGqa::kOn}),
+                      RepeatCase{DType::kBFloat16, kCausal, {4, 300, 500, 16, 2, 128}, flashhop::PackGqa::kOn},
+                      // Decoding, its one round split by keys (PackGqaSplit).
+                      RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 64}, flashhop::PackGqa::kOn},
+                      RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 128}, flashhop::PackGqa::kOn}),
     [](const ::testing::TestParamInfo<RepeatCase>& info) {
       const RepeatCase& c = info.param;
       return std::string(short_name(c.dtype)) + head_dims_name(c.problem.head_dim, c.problem.dv()) + "_" +

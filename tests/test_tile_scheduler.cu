@@ -98,15 +98,17 @@ TEST(StaticPersistentSchedule, SplitRoundCoversEveryKeyTileOnce) {
   using flashhop::sm90::SplitRound;
   using flashhop::sm90::StaticPersistentScheduler;
   int splits = 0;
-  for (int num_sms : {132, 114, 7}) {
+  for (int num_sms : {132, 114, 7, 264}) {
     for (auto [m_blocks, nheads, batch, key_tiles] :
          {std::tuple{1, 1, 1, 1}, std::tuple{8, 16, 16, 8}, std::tuple{128, 16, 1, 128}, std::tuple{8, 8, 4, 3},
           std::tuple{9, 16, 2, 9}, std::tuple{3, 64, 1, 6}, std::tuple{5, 27, 1, 1}, std::tuple{7, 3, 5, 40},
-          std::tuple{8, 16, 16, 16}, std::tuple{9, 16, 2, 30}}) {
+          std::tuple{8, 16, 16, 16}, std::tuple{9, 16, 2, 30}, std::tuple{1, 8, 8, 64}, std::tuple{3, 2, 2, 24}}) {
       StaticPersistentScheduler::Params const params =
           StaticPersistentScheduler::to_params(m_blocks, nheads, batch, num_sms, key_tiles, /*split=*/true);
       SplitRound const& plan = params.split;
-      int const num_tiles = m_blocks * nheads * batch, ctas = std::min(num_tiles, num_sms);
+      // Split, the grid is every CTA the SMs hold; unsplit, no more than the tiles.
+      int const num_tiles = m_blocks * nheads * batch;
+      int const ctas = plan.splits() ? num_sms : std::min(num_tiles, num_sms);
       ASSERT_EQ(plan.ctas, ctas);
       ASSERT_EQ(params.num_tiles, num_tiles);
       splits += plan.splits();
@@ -175,20 +177,27 @@ TEST(StaticPersistentSchedule, SplitsOnlyWhereTheLastRoundSavesEnough) {
   EXPECT_FALSE(SplitRound::plan(2111, 500, 132).splits());  // rest 131: 3.8 saved, most CTAs are busy anyway
   EXPECT_TRUE(SplitRound::plan(2110, 500, 132).splits());   // rest 130: 7.6 saved
   EXPECT_FALSE(SplitRound::plan(2048, 128, 2048).splits());        // one whole round
+  EXPECT_FALSE(SplitRound::plan(128, 8, 132).splits());  // one round of 128 tiles: 0.5 saved
 }
 
-// The grid that the kernel's scheduler and the API's workspace size plan for: one CTA per SM, but
+// The grid that the kernel's scheduler and the API's workspace size plan for: every CTA the SMs
+// hold where a round splits, including a single round of fewer tiles than CTAs (decoding); else
 // no more CTAs than tiles.
-TEST(StaticPersistentSchedule, PlansOneCtaPerSmAtMostOnePerTile) {
+TEST(StaticPersistentSchedule, PlansEveryCtaWhereARoundSplits) {
   using flashhop::sm90::SplitRound;
   using flashhop::sm90::StaticPersistentScheduler;
-  EXPECT_EQ(SplitRound::plan_on_sms(2110, 500, 132).ctas, 132);
-  EXPECT_TRUE(SplitRound::plan_on_sms(2110, 500, 132).splits());
-  EXPECT_EQ(SplitRound::plan_on_sms(100, 500, 132).ctas, 100);
-  EXPECT_FALSE(SplitRound::plan_on_sms(100, 500, 132).splits());  // no whole round
+  EXPECT_EQ(SplitRound::plan(2110, 500, 132).ctas, 132);
+  EXPECT_TRUE(SplitRound::plan(2110, 500, 132).splits());
+  // 64 tiles of 64 key tiles (8 x 8 KV heads decoding over 8192 keys): 31 key tiles per CTA, not 64.
+  EXPECT_EQ(SplitRound::plan(64, 64, 132).ctas, 132);
+  EXPECT_EQ(SplitRound::plan(64, 64, 132).whole_tiles, 0);
+  EXPECT_EQ(SplitRound::plan(64, 64, 132).steps, 64 * 64);
+  EXPECT_FALSE(SplitRound::plan(64, 8, 132).splits());  // 4.1 saved
+  EXPECT_EQ(SplitRound::plan(64, 8, 132).ctas, 64);
+  EXPECT_FALSE(SplitRound::plan(100, 1, 132).splits());  // fewer key tiles than CTAs
   StaticPersistentScheduler::Params const params =
       StaticPersistentScheduler::to_params(/*num_m_blocks=*/10, /*nheads=*/211, /*batch=*/1, 132, 500, true);
-  EXPECT_EQ(params.split.steps, SplitRound::plan_on_sms(2110, 500, 132).steps);
+  EXPECT_EQ(params.split.steps, SplitRound::plan(2110, 500, 132).steps);
 }
 
 }  // namespace

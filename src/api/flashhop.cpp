@@ -58,28 +58,32 @@ namespace {
 // Every workspace starts on this boundary (the split round's partial results move as float4).
 constexpr std::size_t kWorkspaceAlignment = 16;
 
-// With a band, the tile queue's counter (tile_scheduler.h). Without one, for unpacked rows, the
-// counters and partial results of the split last round (split_round.h), planned for the device's
-// SM count as the kernel plans it; none where no round splits, or where the SM count cannot be
-// read (then the kernel, given no workspace, splits nothing either).
+// With a band, the tile queue's counter (tile_scheduler.h). Without one, the counters and partial
+// results of the split last round (split_round.h), planned for the device's SM count as the kernel
+// plans it; none where no round splits, or where the SM count cannot be read (then the kernel,
+// given no workspace, splits nothing either).
 std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
   if (params.local) return sizeof(int);
-  if (params.pack_gqa || params.seqlen_q == 0) return 0;
+  if (params.seqlen_q == 0) return 0;
   int num_sms = 0;
   if (cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, params.device) != cudaSuccess) {
     cudaGetLastError();  // the failed query's error is not this call's
     return 0;
   }
   const sm90::ForwardTileConfig tile =
-      sm90::forward_tile_config(params.head_dim, /*local=*/false, params.wide_band, /*pack_gqa=*/false);
-  if (!sm90::splits_last_round(params.head_dim, tile.block_m / 64)) return 0;
-  const std::int64_t num_tiles =
-      std::int64_t{(params.seqlen_q + tile.block_m - 1) / tile.block_m} * params.nheads * params.batch;
+      sm90::forward_tile_config(params.head_dim, /*local=*/false, params.wide_band, params.pack_gqa);
+  const int consumers = tile.block_m / 64;
+  if (!sm90::splits_last_round(params.head_dim, consumers)) return 0;
+  // Tile rows and tile heads (query_rows.h): packed, the g query heads of a KV head share its tiles.
+  const int heads_per_kv_head = params.nheads / params.nheads_kv;
+  const std::int64_t rows = params.pack_gqa ? std::int64_t{params.seqlen_q} * heads_per_kv_head : params.seqlen_q;
+  const int tile_heads = params.pack_gqa ? params.nheads_kv : params.nheads;
+  const std::int64_t num_tiles = (rows + tile.block_m - 1) / tile.block_m * tile_heads * params.batch;
   if (num_tiles > INT32_MAX) return 0;
-  const int tiles = static_cast<int>(num_tiles);
-  const sm90::SplitRound plan =
-      sm90::SplitRound::plan_on_sms(tiles, (params.seqlen_k + tile.block_n - 1) / tile.block_n, num_sms);
-  return sm90::SplitWorkspace::bytes(plan, tile.block_m / 64, params.head_dim_v);
+  const sm90::SplitRound plan = sm90::SplitRound::plan(static_cast<int>(num_tiles),
+                                                       (params.seqlen_k + tile.block_n - 1) / tile.block_n,
+                                                       num_sms * sm90::ctas_per_sm(consumers));
+  return sm90::SplitWorkspace::bytes(plan, consumers, params.head_dim_v);
 }
 
 Status cuda_error(const char* what, cudaError_t error) {

@@ -4,6 +4,8 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "kernels/sm90/tile_config.h"
+
 namespace flashhop::sm90 {
 
 inline constexpr int kThreadsPerWarpGroup = 128;
@@ -20,7 +22,7 @@ struct WarpGroups {
   static_assert(kConsumers >= 1 && kConsumers <= kMaxConsumerWarpGroups, "one to three consumer warpgroups");
   static constexpr int kConsumerThreads = kConsumers * kThreadsPerWarpGroup;
   static constexpr int kThreads = (1 + kConsumers) * kThreadsPerWarpGroup;
-  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
+  static constexpr int kCtasPerSm = ctas_per_sm(kConsumers);
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
   static_assert(kThreadsPerWarpGroup * (kProducerRegisters + kConsumers * kConsumerRegisters) * kCtasPerSm <= 65536);

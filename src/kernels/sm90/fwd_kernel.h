@@ -27,10 +27,9 @@ struct ForwardKernel {
   using Pipeline = typename Mainloop::Pipeline;
   // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
   using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
-  // Equal tiles of unpacked rows split their last round over the CTAs (split_round.h) when the
-  // workspace holds it.
-  static constexpr bool kSplitRound = !Mask::kIsLocal && !Mainloop::kPackGqa &&
-                                      splits_last_round(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups);
+  // Equal tiles split their last round over the CTAs (split_round.h) when the workspace holds it.
+  static constexpr bool kSplitRound =
+      !Mask::kIsLocal && splits_last_round(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups);
   using SplitMerge = SplitCombine<Mainloop::kHeadDimV, Mainloop::kConsumerWarpGroups>;
   // A part of a split tile may store nothing for one warpgroup and O for the other, which would
   // break the turns of an O buffer taken in turn.
@@ -273,7 +272,10 @@ struct ForwardKernel {
                                  index - params.scheduler.num_tiles, shared.split_last[consumer], o_accum, lse,
                                  thread_idx, consumer)) {
             // O never passes through Q's buffer here, so the warpgroup is done with it.
-            if (!Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
+            if (!Epilogue::kOwnBuffer && release_q &&
+                thread_idx % kThreadsPerWarpGroup < Epilogue::kQFreeArrivalsPerWarpGroup) {
+              shared.q_free.arrive();
+            }
             return;
           }
         }

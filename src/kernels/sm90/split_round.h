@@ -1,5 +1,6 @@
 // The split last round of the non-causal kernel: equal tiles dealt round robin over the CTAs leave
-// a last round of r < ctas tiles, which would keep ctas - r SMs idle for a whole tile. Instead the
+// a last round of r < ctas tiles (all the tiles, where they are fewer than the CTAs: decoding, or
+// few heads over long keys), which would keep ctas - r SMs idle for a whole tile. Instead the
 // key tiles of those r tiles (`steps` of them in all) are cut into one contiguous run per CTA,
 // floor(c x steps / ctas) to floor((c + 1) x steps / ctas): CTA c computes one or two parts (at most
 // two, as a run is shorter than a tile), each a partial O and LSE over some of a tile's key tiles;
@@ -14,14 +15,14 @@
 
 namespace flashhop::sm90 {
 
-// Which kernels split their last round: those of head dim d up to 128 with two consumer
-// warpgroups. With three (d = 64 without a mask, 160 registers each) the merge code made ptxas
-// spill inside the key-tile loop. d = 256 gained nothing (H200, against not splitting, same
-// session: 2k -3%, 4k -1%, 8k and 16k +0.5%): while an unsplit last round leaves SMs idle, the
-// busy ones clock higher, and d = 256 draws the most power; d = 192 is left with it. d = 96 splits
-// as d = 128 does.
+// Which kernels split their last round: those of head dim d up to 128 with one or two consumer
+// warpgroups (packed GQA rows included). With three (d = 64 without a mask, 160 registers each) the
+// merge code made ptxas spill inside the key-tile loop. d = 256 gained nothing (H200, against not
+// splitting, same session: 2k -3%, 4k -1%, 8k and 16k +0.5%): while an unsplit last round leaves
+// SMs idle, the busy ones clock higher, and d = 256 draws the most power; d = 192 is left with it.
+// d = 96 splits as d = 128 does.
 constexpr bool splits_last_round(int head_dim, int consumer_warpgroups) {
-  return head_dim <= 128 && consumer_warpgroups == 2;
+  return head_dim <= 128 && consumer_warpgroups <= 2;
 }
 
 struct SplitRound {
@@ -37,24 +38,18 @@ struct SplitRound {
   // -8%, 8 (3.9 saved) -1.3%, 16 (7.8 saved) +2.6%, 128 +2.6%. So a round splits from 6 saved.
   static constexpr int kMinSavedKeyTiles = 6;
 
-  // num_tiles tiles of key_tiles key tiles each over ctas CTAs. A round is split only after at
-  // least one whole round, when each CTA gets at least one key tile of it, and when it saves
-  // kMinSavedKeyTiles.
+  // num_tiles tiles of key_tiles key tiles each on a persistent grid of up to ctas CTAs (one per
+  // SM, or two where two fit). A round is split when each CTA gets at least one key tile of it and
+  // when that saves kMinSavedKeyTiles; the grid is then all ctas CTAs, else no more than the tiles.
+  // The kernel's scheduler runs this plan and the API sizes the workspace for it, so both call it.
   static SplitRound plan(int num_tiles, int key_tiles, int ctas) {
     int const rounds = num_tiles / ctas, rest = num_tiles % ctas;
     std::int64_t const steps = std::int64_t{rest} * key_tiles;
     std::int64_t const saved_times_ctas = std::int64_t{key_tiles} * (ctas - rest);
-    if (rounds == 0 || rest == 0 || steps < ctas || steps > INT32_MAX ||
-        saved_times_ctas < std::int64_t{kMinSavedKeyTiles} * ctas) {
-      return {num_tiles, key_tiles, 0, ctas};
+    if (rest == 0 || steps < ctas || steps > INT32_MAX || saved_times_ctas < std::int64_t{kMinSavedKeyTiles} * ctas) {
+      return {num_tiles, key_tiles, 0, num_tiles < ctas ? num_tiles : ctas};
     }
     return {rounds * ctas, key_tiles, static_cast<int>(steps), ctas};
-  }
-
-  // The plan of a persistent grid on num_sms SMs: one CTA per SM, but no more CTAs than tiles.
-  // The kernel's scheduler runs it and the API sizes the workspace for it, so both call this.
-  static SplitRound plan_on_sms(int num_tiles, int key_tiles, int num_sms) {
-    return plan(num_tiles, key_tiles, num_tiles < num_sms ? num_tiles : num_sms);
   }
 
   CUTLASS_HOST_DEVICE bool splits() const { return steps > 0; }

@@ -88,6 +88,11 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
   return {128, 80, 2, true};
 }
 
+// CTAs of a persistent grid per SM: two with one consumer warpgroup (64-row tiles, each CTA taking
+// half the SM's registers), else one. The kernel's scheduler and the API's workspace size both plan
+// for num_sms times this many CTAs.
+constexpr int ctas_per_sm(int consumer_warpgroups) { return consumer_warpgroups == 1 ? 2 : 1; }
+
 constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b) {
   return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages &&
          a.mma_pingpong == b.mma_pingpong && a.softmax_chains == b.softmax_chains;

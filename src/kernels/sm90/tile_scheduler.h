@@ -46,7 +46,7 @@ struct StaticPersistentScheduler {
   // the workspace holds it).
   static Params to_params(int num_m_blocks, int nheads, int batch, int num_sms, int key_tiles, bool split) {
     int const num_tiles = num_m_blocks * nheads * batch;
-    SplitRound const plan = split ? SplitRound::plan_on_sms(num_tiles, key_tiles, num_sms)
+    SplitRound const plan = split ? SplitRound::plan(num_tiles, key_tiles, num_sms)
                                   : SplitRound{num_tiles, key_tiles, 0, std::min(num_tiles, num_sms)};
     return {num_tiles, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads), plan};
   }
