@@ -15,6 +15,8 @@ namespace {
 
 using flashhop::sm90::CausalScheduler;
 using flashhop::sm90::ForwardTile;
+using flashhop::sm90::SplitPolicy;
+constexpr SplitPolicy kLast = SplitPolicy::kLastRound;
 
 // Causal: the queue's indices run over one head's query tiles, the last (longest) first, then the
 // next head, up to the tail group, whose heads' tiles interleave by rank (every head's last query
@@ -79,7 +81,7 @@ TEST(StaticPersistentSchedule, QueryTileFastestThenHeadThenBatch) {
   for (auto [m_blocks, nheads, batch] :
        {std::tuple{1, 1, 1}, std::tuple{4, 16, 32}, std::tuple{7, 3, 5}, std::tuple{128, 1, 1}}) {
     StaticPersistentScheduler::Params const params =
-        StaticPersistentScheduler::to_params(m_blocks, nheads, batch, 132, 8, /*split=*/false);
+        StaticPersistentScheduler::to_params(m_blocks, nheads, batch, 132, 8, flashhop::sm90::SplitPolicy::kNone);
     ASSERT_EQ(params.num_tiles, m_blocks * nheads * batch);
     EXPECT_EQ(StaticPersistentScheduler::grid(params, 132).x, unsigned(std::min(params.num_tiles, 132)));
     for (int index = 0; index < params.num_tiles; ++index) {
@@ -104,7 +106,7 @@ TEST(StaticPersistentSchedule, SplitRoundCoversEveryKeyTileOnce) {
           std::tuple{9, 16, 2, 9}, std::tuple{3, 64, 1, 6}, std::tuple{5, 27, 1, 1}, std::tuple{7, 3, 5, 40},
           std::tuple{8, 16, 16, 16}, std::tuple{9, 16, 2, 30}, std::tuple{1, 8, 8, 64}, std::tuple{3, 2, 2, 24}}) {
       StaticPersistentScheduler::Params const params =
-          StaticPersistentScheduler::to_params(m_blocks, nheads, batch, num_sms, key_tiles, /*split=*/true);
+          StaticPersistentScheduler::to_params(m_blocks, nheads, batch, num_sms, key_tiles, SplitPolicy::kLastRound);
       SplitRound const& plan = params.split;
       // Split, the grid is every CTA the SMs hold; unsplit, no more than the tiles.
       int const num_tiles = m_blocks * nheads * batch;
@@ -172,12 +174,12 @@ TEST(StaticPersistentSchedule, SplitRoundCoversEveryKeyTileOnce) {
 TEST(StaticPersistentSchedule, SplitsOnlyWhereTheLastRoundSavesEnough) {
   using flashhop::sm90::SplitRound;
   static_assert(SplitRound::kMinSavedKeyTiles == 6, "the key tile counts below straddle 6 saved");
-  EXPECT_FALSE(SplitRound::plan(2048, 12, 132).splits());  // 5.8 saved
-  EXPECT_TRUE(SplitRound::plan(2048, 13, 132).splits());   // 6.3 saved
-  EXPECT_FALSE(SplitRound::plan(2111, 500, 132).splits());  // rest 131: 3.8 saved, most CTAs are busy anyway
-  EXPECT_TRUE(SplitRound::plan(2110, 500, 132).splits());   // rest 130: 7.6 saved
-  EXPECT_FALSE(SplitRound::plan(2048, 128, 2048).splits());        // one whole round
-  EXPECT_FALSE(SplitRound::plan(128, 8, 132).splits());  // one round of 128 tiles: 0.5 saved
+  EXPECT_FALSE(SplitRound::plan(2048, 12, 132, kLast).splits());  // 5.8 saved
+  EXPECT_TRUE(SplitRound::plan(2048, 13, 132, kLast).splits());   // 6.3 saved
+  EXPECT_FALSE(SplitRound::plan(2111, 500, 132, kLast).splits());  // rest 131: 3.8 saved, most CTAs are busy anyway
+  EXPECT_TRUE(SplitRound::plan(2110, 500, 132, kLast).splits());   // rest 130: 7.6 saved
+  EXPECT_FALSE(SplitRound::plan(2048, 128, 2048, kLast).splits());        // one whole round
+  EXPECT_FALSE(SplitRound::plan(128, 8, 132, kLast).splits());  // one round of 128 tiles: 0.5 saved
 }
 
 // The grid that the kernel's scheduler and the API's workspace size plan for: every CTA the SMs
@@ -186,18 +188,31 @@ TEST(StaticPersistentSchedule, SplitsOnlyWhereTheLastRoundSavesEnough) {
 TEST(StaticPersistentSchedule, PlansEveryCtaWhereARoundSplits) {
   using flashhop::sm90::SplitRound;
   using flashhop::sm90::StaticPersistentScheduler;
-  EXPECT_EQ(SplitRound::plan(2110, 500, 132).ctas, 132);
-  EXPECT_TRUE(SplitRound::plan(2110, 500, 132).splits());
+  EXPECT_EQ(SplitRound::plan(2110, 500, 132, kLast).ctas, 132);
+  EXPECT_TRUE(SplitRound::plan(2110, 500, 132, kLast).splits());
   // 64 tiles of 64 key tiles (8 x 8 KV heads decoding over 8192 keys): 31 key tiles per CTA, not 64.
-  EXPECT_EQ(SplitRound::plan(64, 64, 132).ctas, 132);
-  EXPECT_EQ(SplitRound::plan(64, 64, 132).whole_tiles, 0);
-  EXPECT_EQ(SplitRound::plan(64, 64, 132).steps, 64 * 64);
-  EXPECT_FALSE(SplitRound::plan(64, 8, 132).splits());  // 4.1 saved
-  EXPECT_EQ(SplitRound::plan(64, 8, 132).ctas, 64);
-  EXPECT_FALSE(SplitRound::plan(100, 1, 132).splits());  // fewer key tiles than CTAs
+  EXPECT_EQ(SplitRound::plan(64, 64, 132, kLast).ctas, 132);
+  EXPECT_EQ(SplitRound::plan(64, 64, 132, kLast).whole_tiles, 0);
+  EXPECT_EQ(SplitRound::plan(64, 64, 132, kLast).steps, 64 * 64);
+  EXPECT_FALSE(SplitRound::plan(64, 8, 132, kLast).splits());  // 4.1 saved
+  EXPECT_EQ(SplitRound::plan(64, 8, 132, kLast).ctas, 64);
+  EXPECT_FALSE(SplitRound::plan(100, 1, 132, kLast).splits());  // fewer key tiles than CTAs
   StaticPersistentScheduler::Params const params =
-      StaticPersistentScheduler::to_params(/*num_m_blocks=*/10, /*nheads=*/211, /*batch=*/1, 132, 500, true);
-  EXPECT_EQ(params.split.steps, SplitRound::plan(2110, 500, 132).steps);
+      StaticPersistentScheduler::to_params(/*num_m_blocks=*/10, /*nheads=*/211, /*batch=*/1, 132, 500,
+                                           SplitPolicy::kLastRound);
+  EXPECT_EQ(params.split.steps, SplitRound::plan(2110, 500, 132, kLast).steps);
+}
+
+// Packed GQA rows split only a single round of fewer tiles than CTAs; kNone never splits.
+TEST(StaticPersistentSchedule, SingleRoundPolicySplitsOnlyASingleRound) {
+  using flashhop::sm90::SplitRound;
+  EXPECT_TRUE(SplitRound::plan(64, 64, 132, SplitPolicy::kSingleRound).splits());
+  EXPECT_EQ(SplitRound::plan(64, 64, 132, SplitPolicy::kSingleRound).ctas, 132);
+  EXPECT_TRUE(SplitRound::plan(2110, 500, 132, kLast).splits());
+  EXPECT_FALSE(SplitRound::plan(2110, 500, 132, SplitPolicy::kSingleRound).splits());  // after 15 whole rounds
+  EXPECT_EQ(SplitRound::plan(2110, 500, 132, SplitPolicy::kSingleRound).ctas, 132);
+  EXPECT_FALSE(SplitRound::plan(64, 64, 132, SplitPolicy::kNone).splits());
+  EXPECT_EQ(SplitRound::plan(64, 64, 132, SplitPolicy::kNone).ctas, 64);
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
   const sm90::ForwardTileConfig tile =
       sm90::forward_tile_config(params.head_dim, /*local=*/false, params.wide_band, params.pack_gqa);
   const int consumers = tile.block_m / 64;
-  if (!sm90::splits_last_round(params.head_dim, consumers)) return 0;
+  const sm90::SplitPolicy policy = sm90::split_policy(params.head_dim, consumers, params.pack_gqa);
+  if (policy == sm90::SplitPolicy::kNone) return 0;
   // Tile rows and tile heads (query_rows.h): packed, the g query heads of a KV head share its tiles.
   const int heads_per_kv_head = params.nheads / params.nheads_kv;
   const std::int64_t rows = params.pack_gqa ? std::int64_t{params.seqlen_q} * heads_per_kv_head : params.seqlen_q;
@@ -82,7 +83,7 @@ std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
   if (num_tiles > INT32_MAX) return 0;
   const sm90::SplitRound plan = sm90::SplitRound::plan(static_cast<int>(num_tiles),
                                                        (params.seqlen_k + tile.block_n - 1) / tile.block_n,
-                                                       num_sms * sm90::ctas_per_sm(consumers));
+                                                       num_sms * sm90::ctas_per_sm(consumers), policy);
   return sm90::SplitWorkspace::bytes(plan, consumers, params.head_dim_v);
 }
 

@@ -27,9 +27,12 @@ struct ForwardKernel {
   using Pipeline = typename Mainloop::Pipeline;
   // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
   using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
-  // Equal tiles split their last round over the CTAs (split_round.h) when the workspace holds it.
-  static constexpr bool kSplitRound =
-      !Mask::kIsLocal && splits_last_round(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups);
+  // Equal tiles split their last round over the CTAs (split_round.h) as kSplitPolicy allows, when
+  // the workspace holds it.
+  static constexpr SplitPolicy kSplitPolicy =
+      Mask::kIsLocal ? SplitPolicy::kNone
+                     : split_policy(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups, Mainloop::kPackGqa);
+  static constexpr bool kSplitRound = kSplitPolicy != SplitPolicy::kNone;
   using SplitMerge = SplitCombine<Mainloop::kHeadDimV, Mainloop::kConsumerWarpGroups>;
   // A part of a split tile may store nothing for one warpgroup and O for the other, which would
   // break the turns of an O buffer taken in turn.
@@ -92,7 +95,7 @@ struct ForwardKernel {
     } else {
       int const key_tiles = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch, num_sms, key_tiles,
-                                  kSplitRound && p.workspace != nullptr);
+                                  p.workspace != nullptr ? kSplitPolicy : SplitPolicy::kNone);
     }
   }
 

@@ -15,14 +15,22 @@
 
 namespace flashhop::sm90 {
 
-// Which kernels split their last round: those of head dim d up to 128 with one or two consumer
-// warpgroups (packed GQA rows included). With three (d = 64 without a mask, 160 registers each) the
-// merge code made ptxas spill inside the key-tile loop. d = 256 gained nothing (H200, against not
-// splitting, same session: 2k -3%, 4k -1%, 8k and 16k +0.5%): while an unsplit last round leaves
-// SMs idle, the busy ones clock higher, and d = 256 draws the most power; d = 192 is left with it.
-// d = 96 splits as d = 128 does.
-constexpr bool splits_last_round(int head_dim, int consumer_warpgroups) {
-  return head_dim <= 128 && consumer_warpgroups <= 2;
+// Which round a kernel splits: none, only a single round of fewer tiles than CTAs, or the last of
+// any number. Kernels of head dim d up to 128 with one or two consumer warpgroups split. With three
+// (d = 64 without a mask, 160 registers each) the merge code made ptxas spill inside the key-tile
+// loop. d = 256 gained nothing (H200, against not splitting, same session: 2k -3%, 4k -1%, 8k and
+// 16k +0.5%): while an unsplit last round leaves SMs idle, the busy ones clock higher, and d = 256
+// draws the most power; d = 192 is left with it. d = 96 splits as d = 128 does.
+// Packed GQA rows (decoding, short queries) are bound by memory: a single round of fewer tiles
+// than SMs leaves the bandwidth of the idle SMs unused (H200, same session, split against not:
+// 8 x 8 KV heads decoding over 8192 keys, d = 128 +14%, d = 64 +43%; one over 32k keys at d = 128
+// 5.4x), but after whole rounds the busy SMs take that bandwidth, and splitting cost 1.5% (64 x 8
+// KV heads over 32k keys, d = 128). So packed rows split only a single round.
+enum class SplitPolicy { kNone, kSingleRound, kLastRound };
+
+constexpr SplitPolicy split_policy(int head_dim, int consumer_warpgroups, bool pack_gqa) {
+  if (head_dim > 128 || consumer_warpgroups > 2) return SplitPolicy::kNone;
+  return pack_gqa ? SplitPolicy::kSingleRound : SplitPolicy::kLastRound;
 }
 
 struct SplitRound {
@@ -39,14 +47,17 @@ struct SplitRound {
   static constexpr int kMinSavedKeyTiles = 6;
 
   // num_tiles tiles of key_tiles key tiles each on a persistent grid of up to ctas CTAs (one per
-  // SM, or two where two fit). A round is split when each CTA gets at least one key tile of it and
-  // when that saves kMinSavedKeyTiles; the grid is then all ctas CTAs, else no more than the tiles.
-  // The kernel's scheduler runs this plan and the API sizes the workspace for it, so both call it.
-  static SplitRound plan(int num_tiles, int key_tiles, int ctas) {
+  // SM, or two where two fit). The last round is split where `policy` allows, when each CTA gets at
+  // least one key tile of it and when that saves kMinSavedKeyTiles; the grid is then all ctas CTAs,
+  // else no more than the tiles. The kernel's scheduler runs this plan and the API sizes the
+  // workspace for it, so both call it.
+  static SplitRound plan(int num_tiles, int key_tiles, int ctas, SplitPolicy policy) {
     int const rounds = num_tiles / ctas, rest = num_tiles % ctas;
     std::int64_t const steps = std::int64_t{rest} * key_tiles;
     std::int64_t const saved_times_ctas = std::int64_t{key_tiles} * (ctas - rest);
-    if (rest == 0 || steps < ctas || steps > INT32_MAX || saved_times_ctas < std::int64_t{kMinSavedKeyTiles} * ctas) {
+    bool const allowed = policy == SplitPolicy::kLastRound || (policy == SplitPolicy::kSingleRound && rounds == 0);
+    if (!allowed || rest == 0 || steps < ctas || steps > INT32_MAX ||
+        saved_times_ctas < std::int64_t{kMinSavedKeyTiles} * ctas) {
       return {num_tiles, key_tiles, 0, num_tiles < ctas ? num_tiles : ctas};
     }
     return {rounds * ctas, key_tiles, static_cast<int>(steps), ctas};

@@ -42,13 +42,12 @@ struct StaticPersistentScheduler {
     SplitRound split;
   };
 
-  // key_tiles: of every tile; split: whether to split the last round (the kernel supports it and
-  // the workspace holds it).
-  static Params to_params(int num_m_blocks, int nheads, int batch, int num_sms, int key_tiles, bool split) {
+  // key_tiles: of every tile; split: which round to split (the kernel's policy, where the
+  // workspace holds it).
+  static Params to_params(int num_m_blocks, int nheads, int batch, int num_sms, int key_tiles, SplitPolicy split) {
     int const num_tiles = num_m_blocks * nheads * batch;
-    SplitRound const plan = split ? SplitRound::plan(num_tiles, key_tiles, num_sms)
-                                  : SplitRound{num_tiles, key_tiles, 0, std::min(num_tiles, num_sms)};
-    return {num_tiles, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads), plan};
+    return {num_tiles, cutlass::FastDivmod(num_m_blocks), cutlass::FastDivmod(nheads),
+            SplitRound::plan(num_tiles, key_tiles, num_sms, split)};
   }
   static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.split.ctas)); }
 
