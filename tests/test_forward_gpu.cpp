@@ -342,9 +342,11 @@ INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
 // split over the CTAs by key tiles (split_round.h) where that saves enough; the parts merge through
 // the workspace. In {2, 1100, 1500, 16, 4} 24 tiles of 8 or 12 key tiles split into five or six
 // parts each; in {4, 1, 1152, 37, 37} (148 one-row tiles; at d = 128 of 9 key tiles) 16 into eight
-// or nine. The other head dims run these shapes unsplit.
+// or nine. In {1, 100, 9000, 4, 4} the only round splits: 4 tiles of 71 key tiles (47 at d = 96)
+// over 132 CTAs, and at d = 64, whose 100 queries take the 64-row tiles (band_is_wide), 8 over 264.
+// d = 192 and 256 run these shapes unsplit, d = 64 the first two too.
 std::vector<GridCase> split_round_cases() {
-  return grid_cases({{2, 1100, 1500, 16, 4}, {4, 1, 1152, 37, 37}}, {kFull}, {kFull});
+  return grid_cases({{2, 1100, 1500, 16, 4}, {4, 1, 1152, 37, 37}, {1, 100, 9000, 4, 4}}, {kFull}, {kFull});
 }
 INSTANTIATE_TEST_SUITE_P(SplitRound, ForwardGpu, ::testing::ValuesIn(split_round_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
@@ -558,7 +560,8 @@ INSTANTIATE_TEST_SUITE_P(
                       RepeatCase{DType::kBFloat16, kSoftcapWindow, {2, 1500, 1500, 8, 2, 96}},
                       RepeatCase{DType::kBFloat16, kCausalWindow, {2, 1500, 1500, 8, 2, 192, 128}},
                       RepeatCase{DType::kBFloat16, kCausal, {4, 300, 500, 16, 2, 128}, flashhop::PackGqa::kOn},
-                      // Decoding, its one round split by keys (PackGqaSplit).
+                      // The only round split by keys (SplitRound, PackGqaSplit).
+                      RepeatCase{DType::kBFloat16, kFull, {1, 100, 9000, 4, 4, 64}},
                       RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 64}, flashhop::PackGqa::kOn},
                       RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 128}, flashhop::PackGqa::kOn}),
     [](const ::testing::TestParamInfo<RepeatCase>& info) {

@@ -89,9 +89,12 @@ TEST(TileConfigSelection, BandWidthTilesAtHeadDims64And256Only) {
   using flashhop::sm90::has_band_width_tiles;
   for (int head_dim : {64, 96, 128, 192, 256}) {
     EXPECT_EQ(has_band_width_tiles(head_dim, true), head_dim == 64 || head_dim == 256) << head_dim;
-    EXPECT_EQ(has_band_width_tiles(head_dim, false), head_dim == 256) << head_dim;
+    EXPECT_EQ(has_band_width_tiles(head_dim, false), head_dim == 64 || head_dim == 256) << head_dim;
   }
   EXPECT_EQ(forward_tile_config(64, true, true, false).block_m, 192);
+  // d = 64 without a mask: short query sequences ("narrow") on the packed rows' 64-row tiles.
+  EXPECT_EQ(forward_tile_config(64, false, true, false).block_m, 192);
+  EXPECT_EQ(forward_tile_config(64, false, false, false), forward_tile_config(64, false, true, true));
   // d = 256: narrow bands on 64-key tiles, wide ones on 80, masked or not.
   EXPECT_EQ(forward_tile_config(256, true, false, false).block_n, 64);
   EXPECT_EQ(forward_tile_config(256, false, false, false).block_n, 64);

@@ -507,7 +507,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // The middle row (500) sees 500 + 4000 + 1 keys.
                       WideBandCase{"causal_short_queries", {1, 1000, 5000, 4, 4, 64}, {true}, kAutoPack, true},
                       WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, true},
-                      WideBandCase{"no_mask_4095_keys", {1, 8192, 4095, 4, 4, 64}, {}, kAutoPack, false},
+                      // Without a mask at d = 64: whether seqlen_q fills the 192-row tiles to 4/5.
+                      WideBandCase{"no_mask_4095_keys", {1, 8192, 4095, 4, 4, 64}, {}, kAutoPack, true},
+                      WideBandCase{"no_mask_128_queries", {1, 128, 8192, 4, 4, 64}, {}, kAutoPack, false},
+                      WideBandCase{"no_mask_307_queries", {1, 307, 1024, 4, 4, 64}, {}, kAutoPack, false},
+                      WideBandCase{"no_mask_308_queries", {1, 308, 1024, 4, 4, 64}, {}, kAutoPack, true},
+                      WideBandCase{"no_mask_128_queries_d128", {1, 128, 8192, 4, 4, 128}, {}, kAutoPack, true},
                       WideBandCase{"no_mask_2k_d256", {1, 512, 2048, 4, 4, 256}, {}, kAutoPack, true},
                       WideBandCase{"no_mask_2047_keys_d256", {1, 4096, 2047, 4, 4, 256}, {}, kAutoPack, false},
                       // A window as wide as the keys is no mask.

@@ -360,9 +360,11 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
                    sm90::forward_tile_config(params.head_dim, params.local, default_wide, /*pack_gqa=*/false).block_m,
                    sm90::forward_tile_config(params.head_dim, params.local, default_wide, /*pack_gqa=*/true).block_m);
   // Without a mask the band is all seqlen_k keys (the widths above reach past every key).
-  params.wide_band = params.pack_gqa ? sm90::default_wide_band(params.local)
-                                     : middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left,
-                                                       params.window_right) >= sm90::wide_band_keys(params.head_dim);
+  params.wide_band =
+      params.pack_gqa
+          ? sm90::default_wide_band(params.local)
+          : sm90::band_is_wide(params.head_dim, params.local, params.seqlen_q,
+                               middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
   params.device = args.q.device;
   return params;
 }

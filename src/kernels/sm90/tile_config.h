@@ -22,8 +22,9 @@ struct ForwardTileConfig {
 // 128); `local`: a causal or sliding-window mask (LocalMask); `wide_band`: the query rows see many
 // keys (wide_band_keys below): with a mask, the band's middle row does; without one, each row sees
 // all seqlen_k keys, a band as wide as the keys. Some head dims take tiles of their own on one side
-// of it: d = 64 taller query tiles for wide bands, d = 256 64-key tiles for narrow ones. Packed GQA
-// rows (`pack_gqa`) take no such choice (default_wide_band); at d = 64 they have tiles of their own.
+// of it: d = 64 taller query tiles for wide bands, d = 256 64-key tiles for narrow ones; without a
+// mask d = 64 chooses by the query rows instead (band_is_wide). Packed GQA rows (`pack_gqa`) take
+// no such choice (default_wide_band); at d = 64 they have tiles of their own.
 constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band, bool pack_gqa) {
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
@@ -46,8 +47,9 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // same session, against the tiles below: 8 x 128 queries on 1024 keys, 32 / 8 heads, causal
     // +11%, without a mask +43%; 4 x 16 queries on 8192 keys, 32 / 4 heads, causal +19%. Unpacked
     // rows lost on them (each K/V tile then serves 64 rows): causal 512 level, 1k to 4k -2 to -6%;
-    // without a mask, seqlen 512 / 1k / 2k -9 / -7 / -15%.
-    if (pack_gqa) return {64, 128, 2, false, local ? 1 : 4};
+    // without a mask, seqlen 512 / 1k / 2k -9 / -7 / -15%, but not where the query rows fill the
+    // 192-row tiles badly (band_is_wide): those take them too.
+    if (pack_gqa || (!local && !wide_band)) return {64, 128, 2, false, local ? 1 : 4};
     if (!local) return {192, 128, 2, true, 4};
     if (wide_band) return {192, 128, 2, true};
     return {128, 128, 2, true};
@@ -103,6 +105,21 @@ constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b
 // d = 256, where the 80-key tiles win back (see above); without a mask, from seqlen_k 2048 at
 // d = 256.
 constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 4096 : 2048; }
+
+// The band width of unpacked rows (forward_tile_config's `wide_band`): whether the middle query row
+// sees at least wide_band_keys(d) keys (without a mask, seqlen_k), except without a mask at d = 64,
+// whose two tiles differ in query rows: whether seqlen_q fills the 192-row tiles to at least 4/5;
+// short query sequences (a 192-row tile holding 128 queries at two thirds) take the 64-row tiles
+// with two CTAs per SM. H200, same session, batch 8 x 32 heads over 1024 / 8192 keys, 64-row
+// against 192-row tiles: seqlen_q 64 (fill 1/3) +61 / +66%; 128 and 256 (2/3) +16 / +16% and
+// +18 / +12%; 192 and 384 (full) -13 / -17% and -16 / -19%: even near a fill of 0.83.
+constexpr bool band_is_wide(int head_dim, bool local, int seqlen_q, int middle_row_keys) {
+  if (head_dim <= 64 && !local) {
+    long long const padded = (seqlen_q + 191ll) / 192 * 192;
+    return 5ll * seqlen_q >= 4 * padded;
+  }
+  return middle_row_keys >= wide_band_keys(head_dim);
+}
 
 // The band width of the kernels that take no choice of it (packed GQA rows, and head dims whose
 // tiles do not depend on it): narrow with a mask, wide without (the unmasked kernel's rows see all
