@@ -174,7 +174,8 @@ stage_gqa() {
 # rows; d = 256 without a mask on few keys (its 64-key tiles, O through Q's buffer); and d = 128
 # on the shape whose CTAs walk the most tiles (query heads packed), runs of them loading nothing
 # under the causal mask (racecheck). The shapes whose last round is split
-# (split_round.h; d = 96 and 128 without a mask): memcheck, and racecheck of the one-row tiles'.
+# (split_round.h; d <= 128 without a mask, packed decoding's only round): memcheck, and racecheck
+# of the one-row tiles', d = 64's only round and packed decoding.
 stage_sanitize() {
   local log="$OUT/sanitize.log" binary="$BUILD_DIR/tests/flashhop_tests" status=0
   : >"$log"

@@ -338,7 +338,7 @@ TEST_P(ForwardGpu, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
-// Without a mask, at d = 96 and 128, the tiles past the last whole round of an H200's 132 SMs are
+// Without a mask, at d = 64 to 128, the tiles past the last whole round of an H200's 132 SMs are
 // split over the CTAs by key tiles (split_round.h) where that saves enough; the parts merge through
 // the workspace. In {2, 1100, 1500, 16, 4} 24 tiles of 8 or 12 key tiles split into five or six
 // parts each; in {4, 1, 1152, 37, 37} (148 one-row tiles; at d = 128 of 9 key tiles) 16 into eight
