@@ -81,7 +81,7 @@ TEST(StaticPersistentSchedule, QueryTileFastestThenHeadThenBatch) {
   for (auto [m_blocks, nheads, batch] :
        {std::tuple{1, 1, 1}, std::tuple{4, 16, 32}, std::tuple{7, 3, 5}, std::tuple{128, 1, 1}}) {
     StaticPersistentScheduler::Params const params =
-        StaticPersistentScheduler::to_params(m_blocks, nheads, batch, 132, 8, flashhop::sm90::SplitPolicy::kNone);
+        StaticPersistentScheduler::to_params(m_blocks, nheads, batch, 132, 8, SplitPolicy::kNone);
     ASSERT_EQ(params.num_tiles, m_blocks * nheads * batch);
     EXPECT_EQ(StaticPersistentScheduler::grid(params, 132).x, unsigned(std::min(params.num_tiles, 132)));
     for (int index = 0; index < params.num_tiles; ++index) {
