@@ -75,11 +75,10 @@ std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
   const int consumers = tile.block_m / 64;
   const sm90::SplitPolicy policy = sm90::split_policy(params.head_dim, consumers, params.pack_gqa);
   if (policy == sm90::SplitPolicy::kNone) return 0;
-  // Tile rows and tile heads (query_rows.h): packed, the g query heads of a KV head share its tiles.
-  const int heads_per_kv_head = params.nheads / params.nheads_kv;
-  const std::int64_t rows = params.pack_gqa ? std::int64_t{params.seqlen_q} * heads_per_kv_head : params.seqlen_q;
-  const int tile_heads = params.pack_gqa ? params.nheads_kv : params.nheads;
-  const std::int64_t num_tiles = (rows + tile.block_m - 1) / tile.block_m * tile_heads * params.batch;
+  const std::int64_t rows =
+      sm90::tile_rows_per_head(params.seqlen_q, params.nheads, params.nheads_kv, params.pack_gqa);
+  const std::int64_t num_tiles = (rows + tile.block_m - 1) / tile.block_m *
+                                 sm90::tile_heads_of(params.nheads, params.nheads_kv, params.pack_gqa) * params.batch;
   if (num_tiles > INT32_MAX) return 0;
   const sm90::SplitRound plan = sm90::SplitRound::plan(static_cast<int>(num_tiles),
                                                        (params.seqlen_k + tile.block_n - 1) / tile.block_n,

@@ -10,6 +10,8 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/fast_math.h>
 
+#include "kernels/sm90/tile_config.h"
+
 namespace flashhop::sm90 {
 
 template <bool kPackGqa>
@@ -24,10 +26,9 @@ struct QueryRows {
 
   static QueryRows make(int seqlen_q, int nheads, int nheads_kv) {
     int const g = nheads / nheads_kv;
-    return {kPackGqa ? seqlen_q * g : seqlen_q, g, cutlass::FastDivmod(g)};
+    return {static_cast<int>(tile_rows_per_head(seqlen_q, nheads, nheads_kv, kPackGqa)), g, cutlass::FastDivmod(g)};
   }
-  // Tile heads: query heads, or KV heads packed.
-  static int tile_heads(int nheads, int nheads_kv) { return kPackGqa ? nheads_kv : nheads; }
+  static int tile_heads(int nheads, int nheads_kv) { return tile_heads_of(nheads, nheads_kv, kPackGqa); }
 
   CUTLASS_DEVICE int query(int tile_row) const { return kPackGqa ? group.divide(tile_row) : tile_row; }
   CUTLASS_DEVICE Row locate(int tile_row, int tile_head) const {

@@ -2,6 +2,8 @@
 // Host-includable (no CuTe), so the host tests can check the selection.
 #pragma once
 
+#include <cstdint>
+
 namespace flashhop::sm90 {
 
 struct ForwardTileConfig {
@@ -89,6 +91,14 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
   if (!wide_band) return {128, 64, 2, true};
   return {128, 80, 2, true};
 }
+
+// Tile rows per tile head (seqlen_q, or seqlen_q * g packed; 64-bit for the API's overflow checks)
+// and tile heads (query heads, or KV heads packed). The kernel's tiles and the API's workspace plan
+// (flashhop.cpp) both count with these (query_rows.h maps the rows).
+constexpr std::int64_t tile_rows_per_head(int seqlen_q, int nheads, int nheads_kv, bool pack_gqa) {
+  return pack_gqa ? std::int64_t{seqlen_q} * (nheads / nheads_kv) : seqlen_q;
+}
+constexpr int tile_heads_of(int nheads, int nheads_kv, bool pack_gqa) { return pack_gqa ? nheads_kv : nheads; }
 
 // CTAs of a persistent grid per SM: two with one consumer warpgroup (64-row tiles, each CTA taking
 // half the SM's registers), else one. The kernel's scheduler and the API's workspace size both plan
