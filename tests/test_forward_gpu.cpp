@@ -341,10 +341,11 @@ INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
 // Without a mask, at d = 64 to 128, the tiles past the last whole round of an H200's 132 SMs are
 // split over the CTAs by key tiles (split_round.h) where that saves enough; the parts merge through
 // the workspace. In {2, 1100, 1500, 16, 4} 24 tiles of 8 or 12 key tiles split into five or six
-// parts each; in {4, 1, 1152, 37, 37} (148 one-row tiles; at d = 128 of 9 key tiles) 16 into eight
-// or nine. In {1, 100, 9000, 4, 4} the only round splits: 4 tiles of 71 key tiles (47 at d = 96)
-// over 132 CTAs, and at d = 64, whose 100 queries take the 64-row tiles (band_is_wide), 8 over 264.
-// d = 192 and 256 run these shapes unsplit, d = 64 the first two too.
+// parts each; in {4, 1, 1152, 37, 37} 148 one-row tiles at d = 128, which takes its 64-row tiles
+// for one query (band_is_wide), all 148 of 18 key tiles over 264 CTAs. In {1, 100, 9000, 4, 4} the
+// only round splits: 4 tiles of 71 key tiles (47 at d = 96) over 132 CTAs, and at d = 64, whose 100
+// queries take the 64-row tiles, 8 over 264.
+// d = 192 and 256 run these shapes unsplit, d = 64 the first two, d = 96 the second.
 std::vector<GridCase> split_round_cases() {
   return grid_cases({{2, 1100, 1500, 16, 4}, {4, 1, 1152, 37, 37}, {1, 100, 9000, 4, 4}}, {kFull}, {kFull});
 }
@@ -430,6 +431,42 @@ TEST_P(ForwardGpuWideBand, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WideBand, ForwardGpuWideBand, ::testing::ValuesIn(wide_band_cases()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
+
+// ---- short query sequences at d = 128: 64 x 64 tiles, two CTAs per SM (band_is_wide) ------------
+
+std::vector<GridCase> short_query_cases() {
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv), d = 128, one head per KV head so that kAuto
+  // keeps the rows unpacked. {2, 50, 1500, 36, 36}: 72 tiles of 24 key tiles, fewer than the 264
+  // CTAs of an H200, so without a mask the only round splits by keys; {2, 150, 500, 48, 48}: 150
+  // queries in three 64-row tiles (the last 22 rows), 288 tiles, so CTAs take a second one (with a
+  // band, from the tile queue).
+  const std::vector<Problem> shapes = {{2, 50, 1500, 36, 36, 128}, {2, 150, 500, 48, 48, 128}};
+  std::vector<GridCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const std::vector<NamedMasking> maskings =
+        dtype == DType::kBFloat16 ? std::vector<NamedMasking>{kFull, kCausal, kWindow, kCausalWindow, kSoftcapCausal}
+                                  : std::vector<NamedMasking>{kFull, kCausal};
+    for (const NamedMasking& masking : maskings) {
+      for (const Problem& problem : shapes) cases.push_back({dtype, masking, problem});
+    }
+  }
+  return cases;
+}
+
+using ForwardGpuShortQueries = GpuTestWithParam<GridCase>;
+
+TEST_P(ForwardGpuShortQueries, MatchesReference) {
+  const GridCase& c = GetParam();
+  Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
+  flashhop::ForwardArgs args =
+      bind_args(call.plan, std::vector<void*>(call.plan.buffer_dtypes.size()), call.with_lse, call.masking);
+  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
+  ASSERT_FALSE(params.pack_gqa || params.wide_band) << "this shape no longer takes the short query tiles";
+  run_and_check(call);
+}
+
+INSTANTIATE_TEST_SUITE_P(ShortQueries, ForwardGpuShortQueries, ::testing::ValuesIn(short_query_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
 // ---- layouts: strided operands, LSE absent -----------------------------------------------------
@@ -563,11 +600,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // The only round split by keys (SplitRound, PackGqaSplit).
                       RepeatCase{DType::kBFloat16, kFull, {1, 100, 9000, 4, 4, 64}},
                       RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 64}, flashhop::PackGqa::kOn},
-                      RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 128}, flashhop::PackGqa::kOn}),
+                      RepeatCase{DType::kBFloat16, kFull, {3, 1, 9000, 8, 2, 128}, flashhop::PackGqa::kOn},
+                      RepeatCase{DType::kBFloat16, kFull, {2, 50, 1500, 36, 36, 128}}),
     [](const ::testing::TestParamInfo<RepeatCase>& info) {
       const RepeatCase& c = info.param;
       return std::string(short_name(c.dtype)) + head_dims_name(c.problem.head_dim, c.problem.dv()) + "_" +
-             c.masking.name + (c.pack_gqa == flashhop::PackGqa::kOn ? "_packgqa" : "");
+             c.masking.name + "_sq" + std::to_string(c.problem.seqlen_q) +
+             (c.pack_gqa == flashhop::PackGqa::kOn ? "_packgqa" : "");
     });
 
 // ---- device checks of forward() ------------------------------------------------------------------

@@ -83,13 +83,14 @@ TEST(TileConfigSelection, LocalNeverUsesWiderKeyTilesThanNonCausal) {
   }
 }
 
-TEST(TileConfigSelection, BandWidthTilesAtHeadDims64And256Only) {
+TEST(TileConfigSelection, BandWidthTilesAtHeadDims64And128And256Only) {
   // tools/generate_instantiations.py writes the other band width's kernels of these head dims
   // (BAND_WIDTH_HEAD_DIMS); dispatch.cu launches them wherever has_band_width_tiles holds.
   using flashhop::sm90::has_band_width_tiles;
   for (int head_dim : {64, 96, 128, 192, 256}) {
-    EXPECT_EQ(has_band_width_tiles(head_dim, true), head_dim == 64 || head_dim == 256) << head_dim;
-    EXPECT_EQ(has_band_width_tiles(head_dim, false), head_dim == 64 || head_dim == 256) << head_dim;
+    const bool expected = head_dim == 64 || head_dim == 128 || head_dim == 256;
+    EXPECT_EQ(has_band_width_tiles(head_dim, true), expected) << head_dim;
+    EXPECT_EQ(has_band_width_tiles(head_dim, false), expected) << head_dim;
   }
   EXPECT_EQ(forward_tile_config(64, true, true, false).block_m, 192);
   // d = 64 without a mask: short query sequences ("narrow") on the packed rows' 64-row tiles.
@@ -100,19 +101,39 @@ TEST(TileConfigSelection, BandWidthTilesAtHeadDims64And256Only) {
   EXPECT_EQ(forward_tile_config(256, false, false, false).block_n, 64);
   EXPECT_EQ(forward_tile_config(256, true, true, false), forward_tile_config(256, false, true, false));
   EXPECT_EQ(forward_tile_config(256, false, true, false).block_n, 80);
+  // d = 128: short query sequences ("narrow", masked or not) on 64 x 64 tiles of one warpgroup.
+  for (bool local : {false, true}) {
+    EXPECT_EQ(forward_tile_config(128, local, false, false).block_m, 64);
+    EXPECT_EQ(forward_tile_config(128, local, false, false).block_n, 64);
+    EXPECT_EQ(forward_tile_config(128, local, true, false).block_m, 128);
+  }
 }
 
 TEST(TileConfigSelection, PackedRowsOfHeadDim64OnOneWarpGroup) {
   // d = 64's packed GQA rows: 64-row tiles, one consumer warpgroup, two CTAs per SM, no ping-pong;
-  // the other head dims' packed rows take their unpacked tiles of the default band width.
+  // d = 128's take the unpacked rows' 128-row tiles (which the "wide" query rows take), the other
+  // head dims' their unpacked tiles of the default band width.
   for (bool local : {false, true}) {
-    const ForwardTileConfig packed = forward_tile_config(64, local, flashhop::sm90::default_wide_band(local), true);
+    const bool wide = flashhop::sm90::default_wide_band(local);
+    const ForwardTileConfig packed = forward_tile_config(64, local, wide, true);
     EXPECT_EQ(packed.block_m, 64);
     EXPECT_FALSE(packed.mma_pingpong);
-    for (int head_dim : {96, 128, 192, 256}) {
-      const bool wide = flashhop::sm90::default_wide_band(local);
+    EXPECT_EQ(forward_tile_config(128, local, wide, true), forward_tile_config(128, local, true, false));
+    for (int head_dim : {96, 192, 256}) {
       EXPECT_EQ(forward_tile_config(head_dim, local, wide, true), forward_tile_config(head_dim, local, wide, false))
           << head_dim;
+    }
+  }
+}
+
+TEST(TileConfigSelection, ShortQueryRowsAtHeadDim128) {
+  // The 64-row tiles where 128-row ones would pad seqlen_q to more than 5/4 of 64-row ones: up to
+  // 64 queries and from 129 to 192, with a mask or without; the keys do not matter.
+  using flashhop::sm90::band_is_wide;
+  for (bool local : {false, true}) {
+    for (int seqlen_q : {1, 16, 64, 129, 150, 192}) EXPECT_FALSE(band_is_wide(128, local, seqlen_q, 8192)) << seqlen_q;
+    for (int seqlen_q : {0, 65, 100, 128, 193, 256, 257, 320, 16384}) {
+      EXPECT_TRUE(band_is_wide(128, local, seqlen_q, 100)) << seqlen_q;
     }
   }
 }

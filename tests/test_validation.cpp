@@ -498,7 +498,8 @@ TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
 constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
 
 // wide_band_keys(d) keys for the middle query row (without a mask: seqlen_k): 4096 at d = 64, 2048
-// at d = 128 and 256 (d = 64 and 256 take tiles of their own for either width).
+// at d = 256 (d = 64 and 256 take tiles of their own for either width; d = 128 chooses by the
+// query rows, as d = 64 does without a mask).
 INSTANTIATE_TEST_SUITE_P(
     WideBands, ForwardParamsWideBand,
     ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, true},
@@ -530,7 +531,16 @@ INSTANTIATE_TEST_SUITE_P(
                       WideBandCase{"window_2047_wide_d256", {1, 16384, 16384, 4, 4, 256}, {false, 2047, 0}, kAutoPack,
                                    true},
                       WideBandCase{"window_2046_narrow_d256", {1, 16384, 16384, 4, 4, 256}, {false, 2046, 0}, kAutoPack,
-                                   false}),
+                                   false},
+                      // d = 128: the query rows, masked or not (short up to 64 and from 129 to 192).
+                      WideBandCase{"no_mask_64_queries_d128", {1, 64, 8192, 4, 4, 128}, {}, kAutoPack, false},
+                      WideBandCase{"causal_16_queries_d128", {1, 16, 8192, 4, 4, 128}, {true}, kAutoPack, false},
+                      WideBandCase{"causal_192_queries_d128", {1, 192, 192, 4, 4, 128}, {true}, kAutoPack, false},
+                      WideBandCase{"no_mask_193_queries_d128", {1, 193, 1024, 4, 4, 128}, {}, kAutoPack, true},
+                      // 16 queries of 4 heads per KV head pack (64 rows of a 128-row tile against 16
+                      // of a 64-row one) and take the default width; 48 of 2 fill both tiles alike.
+                      WideBandCase{"short_queries_packed_d128", {1, 16, 8192, 32, 8, 128}, {}, kAutoPack, true},
+                      WideBandCase{"short_queries_gqa_unpacked_d128", {1, 48, 1000, 4, 2, 128}, {}, kAutoPack, false}),
     [](const ::testing::TestParamInfo<WideBandCase>& info) { return info.param.name; });
 
 TEST(ForwardParams, ResolvesPackGqa) {

@@ -21,9 +21,10 @@ PACKINGS = {"": "false", "_packgqa": "true"}
 DEFAULT_WIDE_BAND = {"nomask": True, "local": False}
 # Head dims with tiles of their own for the other band width (sm90::has_band_width_tiles), per
 # mask: one more file each, with unpacked rows ("_wide" bands with a mask, "_narrow" ones without:
-# few keys at d = 256, short query sequences at d = 64; sm90::band_is_wide). A head dim missing
-# here that tile_config.h gives such tiles fails to link (dispatch.cu launches its kernel).
-BAND_WIDTH_HEAD_DIMS = {"local": {64, 256}, "nomask": {64, 256}}
+# few keys at d = 256, short query sequences at d = 64 and 128; with a mask at d = 128, "_wide" is
+# the query rows that fill 128-row tiles; sm90::band_is_wide). A head dim missing here that
+# tile_config.h gives such tiles fails to link (dispatch.cu launches its kernel).
+BAND_WIDTH_HEAD_DIMS = {"local": {64, 128, 256}, "nomask": {64, 128, 256}}
 # Head dims d whose key tile needs a wgmma width from CuTe's extended shapes (tile_config.h: 112 at
 # d = 192, 80 at d = 256); their files include wgmma_extended.h. A file that lacks it where it is
 # needed fails to compile (ExtendedSsOp).

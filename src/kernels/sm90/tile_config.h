@@ -25,8 +25,9 @@ struct ForwardTileConfig {
 // keys (wide_band_keys below): with a mask, the band's middle row does; without one, each row sees
 // all seqlen_k keys, a band as wide as the keys. Some head dims take tiles of their own on one side
 // of it: d = 64 taller query tiles for wide bands, d = 256 64-key tiles for narrow ones; without a
-// mask d = 64 chooses by the query rows instead (band_is_wide). Packed GQA rows (`pack_gqa`) take
-// no such choice (default_wide_band); at d = 64 they have tiles of their own.
+// mask d = 64, and with or without one d = 128, choose by the query rows instead (band_is_wide).
+// Packed GQA rows (`pack_gqa`) take no such choice (default_wide_band); at d = 64 they have tiles
+// of their own.
 constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band, bool pack_gqa) {
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
@@ -67,6 +68,14 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // 16k 639 vs 626 TFLOP/s, 4k 600 vs 617, 1k 495 vs 540, 512 397 vs 444, so 128.
     // Four softmax chains without a mask, as d = 64 (H200, same session, against one: 512 -2.4%,
     // 1k +4.3%, 2k +2.0%, 4k to 16k level; at d = 256 level everywhere, so one there).
+    // Short query sequences (band_is_wide: the query rows, not the keys) take 64 x 64 tiles with one
+    // consumer warpgroup and two CTAs per SM, as d = 64's (smem: Q 16 KB + 2 x (K 16 KB + V 16 KB) +
+    // O 16 KB = 96 KB each). H200, same session, against 128 x 128: 16 queries over 8192 keys,
+    // batch 8 x 32 heads, +52%, causal +49%; one query +52%; but where the rows fill 128-row tiles,
+    // 0.80 to 0.90 without a mask and 0.84 to 1.01 causal (seqlen 512 to 16k). Packed GQA rows keep
+    // 128 x 128: on 64 x 64 tiles they gained 3 to 17% on decoding and over 1024 keys, but lost 5
+    // to 16% on 32 to 128 queries over 2048 to 8192 keys and 6% on one sequence over 32k keys.
+    if (!pack_gqa && !wide_band) return {64, 64, 2, false, local ? 1 : 4};
     return {128, 128, 2, true, local ? 1 : 4};
   }
   if (head_dim <= 192) {
@@ -116,18 +125,23 @@ constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b
 // d = 256.
 constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 4096 : 2048; }
 
+// `rows` rounded up to whole tiles of `tile` rows.
+constexpr long long padded_rows(int rows, int tile) { return (rows + tile - 1ll) / tile * tile; }
+
 // The band width of unpacked rows (forward_tile_config's `wide_band`): whether the middle query row
-// sees at least wide_band_keys(d) keys (without a mask, seqlen_k), except without a mask at d = 64,
-// whose two tiles differ in query rows: whether seqlen_q fills the 192-row tiles to at least 4/5;
-// short query sequences (a 192-row tile holding 128 queries at two thirds) take the 64-row tiles
-// with two CTAs per SM. H200, same session, batch 8 x 32 heads over 1024 / 8192 keys, 64-row
-// against 192-row tiles: seqlen_q 64 (fill 1/3) +61 / +66%; 128 and 256 (2/3) +16 / +16% and
-// +18 / +12%; 192 and 384 (full) -13 / -17% and -16 / -19%: even near a fill of 0.83.
+// sees at least wide_band_keys(d) keys (without a mask, seqlen_k), except where the two tiles of a
+// head dim differ in query rows, so that short query sequences take the 64-row tiles with two CTAs
+// per SM:
+// - d = 64 without a mask: whether seqlen_q fills the 192-row tiles to at least 4/5 (a 192-row tile
+//   holding 128 queries fills two thirds). H200, same session, batch 8 x 32 heads over 1024 / 8192
+//   keys, 64-row against 192-row tiles: seqlen_q 64 (fill 1/3) +61 / +66%; 128 and 256 (2/3) +16 /
+//   +16% and +18 / +12%; 192 and 384 (full) -13 / -17% and -16 / -19%: even near a fill of 0.83.
+// - d = 128, with or without a mask: whether 128-row tiles pad seqlen_q to at most 5/4 of the rows
+//   that 64-row tiles pad it to, since full 64-row tiles ran at 0.80 to 0.90 of the 128-row ones
+//   without a mask (forward_tile_config): short up to 64 queries and from 129 to 192.
 constexpr bool band_is_wide(int head_dim, bool local, int seqlen_q, int middle_row_keys) {
-  if (head_dim <= 64 && !local) {
-    long long const padded = (seqlen_q + 191ll) / 192 * 192;
-    return 5ll * seqlen_q >= 4 * padded;
-  }
+  if (head_dim <= 64 && !local) return 5ll * seqlen_q >= 4 * padded_rows(seqlen_q, 192);
+  if (head_dim > 96 && head_dim <= 128) return 4 * padded_rows(seqlen_q, 128) <= 5 * padded_rows(seqlen_q, 64);
   return middle_row_keys >= wide_band_keys(head_dim);
 }
 
