@@ -70,10 +70,12 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // 1k +4.3%, 2k +2.0%, 4k to 16k level; at d = 256 level everywhere, so one there).
     // Short query sequences (band_is_wide: the query rows, not the keys) take 64 x 64 tiles with one
     // consumer warpgroup and two CTAs per SM, as d = 64's (smem: Q 16 KB + 2 x (K 16 KB + V 16 KB) +
-    // O 16 KB = 96 KB each). H200, same session, against 128 x 128: 16 queries over 8192 keys,
-    // batch 8 x 32 heads, +52%, causal +49%; one query +52%; but where the rows fill 128-row tiles,
-    // 0.80 to 0.90 without a mask and 0.84 to 1.01 causal (seqlen 512 to 16k). Packed GQA rows keep
-    // 128 x 128: on 64 x 64 tiles they gained 3 to 17% on decoding and over 1024 keys, but lost 5
+    // O 16 KB = 96 KB each). H200, same session, against 128 x 128, batch 8: 32 heads (MHA), 64
+    // causal queries over 1024 keys +16%, 150 over 1024 +10%, 192 over 8192 +3% (causal +8%), 16
+    // causal over 8192 +4%, decoding level (bound by K/V bandwidth); 32 query heads on 8 KV heads
+    // unpacked, 1 or 16 queries over 8192 keys +44 to +52%. Where the rows fill 128-row tiles, 0.80
+    // to 0.90 without a mask and 0.84 to 1.01 causal (seqlen 512 to 16k). Packed GQA rows keep
+    // 128 x 128: on 64 x 64 tiles they gained 2.5 to 17% on decoding and over 1024 keys, but lost 5
     // to 16% on 32 to 128 queries over 2048 to 8192 keys and 6% on one sequence over 32k keys.
     if (!pack_gqa && !wide_band) return {64, 64, 2, false, local ? 1 : 4};
     return {128, 128, 2, true, local ? 1 : 4};
