@@ -206,6 +206,15 @@ void run_and_check(const Call& call) {
   }
 }
 
+// The kernel parameters forward() plans for `call` (which tiles, whether packed); no memory is
+// touched.
+flashhop::detail::ForwardParams planned_params(const Call& call) {
+  flashhop::ForwardArgs args =
+      bind_args(call.plan, std::vector<void*>(call.plan.buffer_dtypes.size()), call.with_lse, call.masking);
+  args.pack_gqa = call.pack_gqa;
+  return flashhop::detail::make_forward_params(args);
+}
+
 class RequiresGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -423,10 +432,7 @@ TEST_P(ForwardGpuWideBand, MatchesReference) {
   // Unpacked rows: kAuto packs the 3-head group of the second shape (d = 64's packed tiles are 64
   // rows), and packed rows take the default band width.
   call.pack_gqa = flashhop::PackGqa::kOff;
-  flashhop::ForwardArgs args =
-      bind_args(call.plan, std::vector<void*>(call.plan.buffer_dtypes.size()), call.with_lse, call.masking);
-  args.pack_gqa = call.pack_gqa;
-  ASSERT_TRUE(flashhop::detail::make_forward_params(args).wide_band) << "this shape no longer takes the wide-band tiles";
+  ASSERT_TRUE(planned_params(call).wide_band) << "this shape no longer takes the wide-band tiles";
   run_and_check(call);
 }
 
@@ -458,10 +464,8 @@ using ForwardGpuShortQueries = GpuTestWithParam<GridCase>;
 
 TEST_P(ForwardGpuShortQueries, MatchesReference) {
   const GridCase& c = GetParam();
-  Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
-  flashhop::ForwardArgs args =
-      bind_args(call.plan, std::vector<void*>(call.plan.buffer_dtypes.size()), call.with_lse, call.masking);
-  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
+  const Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
+  const flashhop::detail::ForwardParams params = planned_params(call);
   ASSERT_FALSE(params.pack_gqa || params.wide_band) << "this shape no longer takes the short query tiles";
   run_and_check(call);
 }
