@@ -315,7 +315,7 @@ std::vector<GridCase> grid() {
   // walks several (with a band, taken from the tile queue), in {6, 400, ...} at least three; with
   // causal masking runs of them are fully masked (seqlen_q > seqlen_k). In {6, 400, ...} the 1600
   // packed rows of a KV head leave the last query tile 64 rows, one consumer warpgroup's, so the
-  // others compute only padding.
+  // others skip that tile (rows_past_end) between tiles they compute.
   const std::vector<Problem> shapes = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
@@ -368,7 +368,11 @@ std::vector<GridCase> pack_gqa_cases() {
   // per group, group sizes 3 and 12 that do not divide the 128-row tile and 7 that divides neither it
   // nor the 192-row tile (packed rows of one query straddle tiles), one head per group (g = 1), no
   // keys, and a grid of 4 x 2 x 19 = 152 packed tiles, more than an H200's 132 SMs, so that
-  // persistent CTAs walk several and hand Q's buffer over.
+  // persistent CTAs walk several and hand Q's buffer over. Where two consumer warpgroups share a
+  // 128-row tile (d >= 96), the second one's rows all lie past the last row, so that it skips the
+  // tile (rows_past_end), in {2, 1, 1000, 8, 1} (8 rows per KV head), {2, 5, 333, 12, 3} (20),
+  // {1, 64, 64, 4, 4} (64), {1, 3, 0, 4, 2} (6, no keys) and the last tile of {2, 37, 300, 14, 2}
+  // (259).
   const std::vector<Problem> shapes = {
       {2, 1, 1000, 8, 1}, {2, 5, 333, 12, 3}, {1, 113, 257, 6, 2}, {3, 40, 700, 24, 2},
       {1, 64, 64, 4, 4},  {1, 3, 0, 4, 2},    {4, 300, 500, 16, 2}, {2, 37, 300, 14, 2},

@@ -254,6 +254,21 @@ struct ForwardKernel {
           if constexpr (!Mainloop::kReleaseQInWalk) release_q = take_next().loads;
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
+        // A warpgroup whose rows all lie past the last row computes and stores nothing.
+        if constexpr (Mainloop::kSkipRowsPastEnd) {
+          if (Mainloop::rows_past_end(params.mainloop, tile.m_block, consumer)) {
+            if (!blocks.empty()) {
+              Mainloop::skip_tile(shared.q_full, q_full_phase, pipeline_k, pipeline_v, read, consumer, blocks);
+              q_full_phase ^= 1;
+            }
+            q_read_done();
+            if (!Epilogue::kOwnBuffer && release_q &&
+                thread_idx % kThreadsPerWarpGroup < Epilogue::kQFreeArrivalsPerWarpGroup) {
+              shared.q_free.arrive();
+            }
+            return;
+          }
+        }
         typename Mainloop::TiledMmaPV mma_pv;
         Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDimV>{});
         clear(o_accum);

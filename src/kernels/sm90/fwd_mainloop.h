@@ -213,6 +213,18 @@ struct ForwardMainloop {
                                              params.rows.query(first_row + kBlockM - 1));
   }
 
+  // Whether a consumer warpgroup whose rows all lie past the last tile row skips the tile
+  // (skip_tile): with packed rows, in the last query tile of a KV head, where they are few
+  // (decoding: g rows in a tile of 128). H200, same session, against computing the padding rows:
+  // decoding with 4-head groups over 8192 keys, batch 8, d = 96 / 128 / 256 +7 / +5 / +27%; 16
+  // queries +6% (causal +19%). Unpacked tiles are left out (only d >= 96 with fewer than 65
+  // queries has such a warpgroup there), so their kernels stay as they were.
+  static constexpr bool kSkipRowsPastEnd = kPackGqa && kConsumerWarpGroups > 1;
+  // Whether consumer warpgroup `consumer`'s rows of query tile m_block all lie past the last row.
+  static CUTLASS_DEVICE bool rows_past_end(Params const& params, int m_block, int consumer) {
+    return m_block * kBlockM + consumer * 64 >= params.rows.rows;
+  }
+
   // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
   // arrival per lane of the warp that gathers Q (load_q_packed).
   static constexpr int kQFullArrivals = kPackGqa ? 32 : 1;
@@ -303,6 +315,29 @@ struct ForwardMainloop {
     // The rows were written through the generic proxy; the S GEMMs read them through the async proxy.
     cutlass::arch::fence_view_async_shared();
     q_full.arrive();
+  }
+
+  // Consumer warpgroup `consumer`, whose rows all lie past the last row (rows_past_end), over the
+  // key tiles `blocks` (not empty) of a tile: computes nothing, and hands every key tile's stages
+  // back as they land, so that the tensor cores serve the other warpgroups alone; it takes its
+  // turns at them as mma would (one per key tile). It waits for Q all the same, so that its
+  // release of Q's buffer does not run ahead of the tile's load. `q_phase` and `k_read` as in mma.
+  static CUTLASS_DEVICE void skip_tile(cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
+                                       Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
+                                       int consumer, KeyBlocks const& blocks) {
+    q_full.wait(q_phase);
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int n_block = blocks.begin; n_block < blocks.end; ++n_block) {
+      MmaTurns::wait_turn(consumer);
+      MmaTurns::pass_turn(consumer);
+      // A stage is handed back once it has landed: released earlier, the arrival would count into
+      // its previous use, which another warpgroup may still be reading.
+      pipeline_k.consumer_wait(k_read);
+      pipeline_k.consumer_release(k_read);
+      pipeline_v.consumer_wait(k_read);
+      pipeline_v.consumer_release(k_read);
+      ++k_read;
+    }
   }
 
   // Consumer warpgroup `consumer` (thread_idx in [0, 128 x consumers) over all consumers):
