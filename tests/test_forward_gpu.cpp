@@ -315,7 +315,7 @@ std::vector<GridCase> grid() {
   // walks several (with a band, taken from the tile queue), in {6, 400, ...} at least three; with
   // causal masking runs of them are fully masked (seqlen_q > seqlen_k). In {6, 400, ...} the 1600
   // packed rows of a KV head leave the last query tile 64 rows, one consumer warpgroup's, so the
-  // others skip that tile (rows_past_end) between tiles they compute.
+  // second one (d >= 96) skips that tile (rows_past_end) between tiles it computes.
   const std::vector<Problem> shapes = {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},

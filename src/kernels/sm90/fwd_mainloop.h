@@ -324,10 +324,25 @@ struct ForwardMainloop {
     q_full.arrive();
   }
 
+  // A key tile that consumer warpgroup `consumer` computes nothing for: its turn at the tensor
+  // cores is passed on at once (the turns go round robin, so each warpgroup takes one per key
+  // tile), and its K and V stages (at k_read, which moves on) are handed back once they have
+  // landed: released earlier, the arrivals would count into the stages' previous use, which
+  // another warpgroup may still be reading.
+  static CUTLASS_DEVICE void skip_key_tile(Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
+                                           int consumer) {
+    MmaTurns::wait_turn(consumer);
+    MmaTurns::pass_turn(consumer);
+    pipeline_k.consumer_wait(k_read);
+    pipeline_k.consumer_release(k_read);
+    pipeline_v.consumer_wait(k_read);
+    pipeline_v.consumer_release(k_read);
+    ++k_read;
+  }
+
   // Consumer warpgroup `consumer`, whose rows all lie past the last row (rows_past_end), over the
-  // key tiles `blocks` (not empty) of a tile: computes nothing, and hands every key tile's stages
-  // back as they land, so that the tensor cores serve the other warpgroups alone; it takes its
-  // turns at them as mma would (one per key tile). It waits for Q all the same, so that its
+  // key tiles `blocks` (not empty) of a tile: computes nothing and skips every key tile, so that
+  // the tensor cores serve the other warpgroups alone. It waits for Q all the same, so that its
   // release of Q's buffer does not run ahead of the tile's load. `q_phase` and `k_read` as in mma.
   static CUTLASS_DEVICE void skip_tile(cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
                                        Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
@@ -335,15 +350,7 @@ struct ForwardMainloop {
     q_full.wait(q_phase);
     CUTLASS_PRAGMA_NO_UNROLL
     for (int n_block = blocks.begin; n_block < blocks.end; ++n_block) {
-      MmaTurns::wait_turn(consumer);
-      MmaTurns::pass_turn(consumer);
-      // A stage is handed back once it has landed: released earlier, the arrival would count into
-      // its previous use, which another warpgroup may still be reading.
-      pipeline_k.consumer_wait(k_read);
-      pipeline_k.consumer_release(k_read);
-      pipeline_v.consumer_wait(k_read);
-      pipeline_v.consumer_release(k_read);
-      ++k_read;
+      skip_key_tile(pipeline_k, pipeline_v, k_read, consumer);
     }
   }
 
@@ -481,20 +488,9 @@ struct ForwardMainloop {
       v_read = k_read;
       ++k_read;
     };
-    // A key tile of the query tile that this warpgroup's rows do not see: its turn at the tensor
-    // cores is passed on at once (the turns go round robin, so each warpgroup takes one per key
-    // tile), and its K and V stages are handed back once they have landed: released earlier,
-    // its arrivals would count into the stage's previous use, which the other warpgroup may still
-    // be reading. The P V owed from the previous tile waits for the next step.
-    auto skip_step = [&] {
-      MmaTurns::wait_turn(consumer);
-      MmaTurns::pass_turn(consumer);
-      pipeline_k.consumer_wait(k_read);
-      pipeline_k.consumer_release(k_read);
-      pipeline_v.consumer_wait(k_read);
-      pipeline_v.consumer_release(k_read);
-      ++k_read;
-    };
+    // A key tile of the query tile that this warpgroup's rows do not see (skip_key_tile). The P V
+    // owed from the previous tile waits for the next step.
+    auto skip_step = [&] { skip_key_tile(pipeline_k, pipeline_v, k_read, consumer); };
     // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
     // tiles, then the tiles cut by its left edge: a loop per kind, so that the unmasked loop holds
     // no masking code (H200, d = 128 non-causal 16k, one A/B run: 606 TFLOP/s with one loop and a
