@@ -254,6 +254,14 @@ struct ForwardKernel {
           if constexpr (!Mainloop::kReleaseQInWalk) release_q = take_next().loads;
           if (Epilogue::kOwnBuffer && release_q && thread_idx % kThreadsPerWarpGroup == 0) shared.q_free.arrive();
         };
+        // For a warpgroup that stores nothing of the tile: O never passes through Q's buffer, so the
+        // warpgroup is done with it (with a buffer of its own for O, q_read_done released it).
+        auto const release_q_without_store = [&] {
+          if (!Epilogue::kOwnBuffer && release_q &&
+              thread_idx % kThreadsPerWarpGroup < Epilogue::kQFreeArrivalsPerWarpGroup) {
+            shared.q_free.arrive();
+          }
+        };
         // A warpgroup whose rows all lie past the last row computes and stores nothing.
         if constexpr (Mainloop::kSkipRowsPastEnd) {
           if (Mainloop::rows_past_end(params.mainloop, tile.m_block, consumer)) {
@@ -262,10 +270,7 @@ struct ForwardKernel {
               q_full_phase ^= 1;
             }
             q_read_done();
-            if (!Epilogue::kOwnBuffer && release_q &&
-                thread_idx % kThreadsPerWarpGroup < Epilogue::kQFreeArrivalsPerWarpGroup) {
-              shared.q_free.arrive();
-            }
+            release_q_without_store();
             return;
           }
         }
@@ -289,11 +294,7 @@ struct ForwardKernel {
               !SplitMerge::merge(params.split, params.scheduler.split, Scheduler::part(params.scheduler, index),
                                  index - params.scheduler.num_tiles, shared.split_last[consumer], o_accum, lse,
                                  thread_idx, consumer)) {
-            // O never passes through Q's buffer here, so the warpgroup is done with it.
-            if (!Epilogue::kOwnBuffer && release_q &&
-                thread_idx % kThreadsPerWarpGroup < Epilogue::kQFreeArrivalsPerWarpGroup) {
-              shared.q_free.arrive();
-            }
+            release_q_without_store();
             return;
           }
         }
