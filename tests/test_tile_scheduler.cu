@@ -215,4 +215,36 @@ TEST(StaticPersistentSchedule, SingleRoundPolicySplitsOnlyASingleRound) {
   EXPECT_EQ(SplitRound::plan(64, 64, 132, SplitPolicy::kNone).ctas, 64);
 }
 
+// first_step and cta_of_step, in 32-bit arithmetic, against their definitions in 64 bits:
+// first_step(c) = floor(c x steps / ctas); cta_of_step(s) = the largest c with first_step(c) <= s.
+TEST(StaticPersistentSchedule, SplitStepsMatchTheirDefinitions) {
+  using flashhop::sm90::SplitRound;
+  int plans = 0;
+  for (int ctas : {1, 7, 114, 132, 264, 1000}) {
+    for (int key_tiles : {1, 3, 64, 127, 1024, 65536, 1 << 22}) {
+      for (int tiles : {1, 5, 63, 64, 131, 263, 999}) {
+        SplitRound const plan = SplitRound::plan(tiles, key_tiles, ctas, kLast);
+        if (!plan.splits()) continue;
+        ++plans;
+        std::int64_t const steps = plan.steps;
+        for (int c = 0; c <= ctas; ++c) {
+          ASSERT_EQ(plan.first_step(c), static_cast<int>(c * steps / ctas)) << ctas << " " << steps << " " << c;
+        }
+        ASSERT_EQ(plan.first_step(ctas), plan.steps);
+        // Every CTA's first and last step, and the steps around them.
+        for (int c = 0; c < ctas; ++c) {
+          int const begin = plan.first_step(c), end = plan.first_step(c + 1);
+          for (std::int64_t step : {std::int64_t{begin} - 1, std::int64_t{begin}, std::int64_t{begin} + 1,
+                                    std::int64_t{end} - 2, std::int64_t{end} - 1}) {
+            if (step < 0 || step >= steps) continue;
+            int const expected = static_cast<int>(((step + 1) * ctas + steps - 1) / steps) - 1;
+            ASSERT_EQ(plan.cta_of_step(static_cast<int>(step)), expected) << ctas << " " << steps << " " << step;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(plans, 50);
+}
+
 }  // namespace

@@ -47,7 +47,6 @@ struct ForwardKernel {
     typename Pipeline::SharedStorage pipeline_k;      // full/empty barriers of the K ring
     typename Pipeline::SharedStorage pipeline_v;      // full/empty barriers of the V ring
     TileRing tiles;                                   // the queue's tile indices (causal and window masks)
-    int split_last[Mainloop::kConsumerWarpGroups];    // per consumer: its part of a split tile finished last
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static constexpr int kThreads = Mainloop::Roles::kThreads;
@@ -288,12 +287,12 @@ struct ForwardKernel {
         }
         auto lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale);
         if constexpr (kSplitRound) {
-          // A part of a split tile: unless it is the tile's last part to finish, which takes over
-          // the merged O and LSE of all parts, it stores nothing.
+          // A part of a split tile: unless it is the tile's first part in key order, which takes
+          // over the merged O and LSE of all parts, it stores nothing.
+          int const rows = params.mainloop.rows.rows - (tile.m_block * Mainloop::kBlockM + consumer * 64);
           if (Scheduler::is_part(params.scheduler, index) &&
               !SplitMerge::merge(params.split, params.scheduler.split, Scheduler::part(params.scheduler, index),
-                                 index - params.scheduler.num_tiles, shared.split_last[consumer], o_accum, lse,
-                                 thread_idx, consumer)) {
+                                 index - params.scheduler.num_tiles, rows, o_accum, lse, thread_idx, consumer)) {
             release_q_without_store();
             return;
           }
