@@ -289,7 +289,7 @@ struct ForwardKernel {
         if constexpr (kSplitRound) {
           // A part of a split tile: unless it is the tile's first part in key order, which takes
           // over the merged O and LSE of all parts, it stores nothing.
-          int const rows = params.mainloop.rows.rows - (tile.m_block * Mainloop::kBlockM + consumer * 64);
+          int const rows = Mainloop::rows_in_warpgroup(params.mainloop, tile.m_block, consumer);
           if (Scheduler::is_part(params.scheduler, index) &&
               !SplitMerge::merge(params.split, params.scheduler.split, Scheduler::part(params.scheduler, index),
                                  index - params.scheduler.num_tiles, rows, o_accum, lse, thread_idx, consumer)) {

@@ -220,9 +220,13 @@ struct ForwardMainloop {
   // queries +6% (causal +19%). Unpacked tiles are left out (only d >= 96 with fewer than 65
   // queries has such a warpgroup there), so their kernels stay as they were.
   static constexpr bool kSkipRowsPastEnd = kPackGqa && kConsumerWarpGroups > 1;
-  // Whether consumer warpgroup `consumer`'s rows of query tile m_block all lie past the last row.
+  // How many of consumer warpgroup `consumer`'s 64 rows of query tile m_block exist (at most 0:
+  // none), and whether they all lie past the last row.
+  static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, int m_block, int consumer) {
+    return params.rows.rows - (m_block * kBlockM + consumer * 64);
+  }
   static CUTLASS_DEVICE bool rows_past_end(Params const& params, int m_block, int consumer) {
-    return m_block * kBlockM + consumer * 64 >= params.rows.rows;
+    return rows_in_warpgroup(params, m_block, consumer) <= 0;
   }
 
   // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
