@@ -85,6 +85,22 @@ struct LocalMask {
   }
 };
 
+// The columns of one warp's rows of a score tile, in chunks of kChunk keys: which chunks hold a key
+// that some row of the warp sees (live) and which hold only keys that every row sees (whole), as
+// ranges of chunks, the same in every lane. A chunk that is not live needs neither masking nor
+// exponentials (its P is 0); a whole one needs no masking. In the (rows, cols) view of a wgmma
+// accumulator a thread holds two adjacent columns of every group of 8 (gmma_utils.h), so column n
+// of the view lies in the tile's columns [8 (n / 2), 8 (n / 2) + 8), and chunk c is the view's
+// columns [c kChunk / 4, (c + 1) kChunk / 4).
+template <int kChunk>
+struct WarpColumnChunks {
+  int live_begin, live_end;
+  int whole_begin, whole_end;
+  static constexpr int kViewColumnsPerChunk = kChunk / 4;  // columns of the (rows, cols) view, below
+  CUTLASS_DEVICE bool live(int chunk) const { return chunk >= live_begin && chunk < live_end; }
+  CUTLASS_DEVICE bool whole(int chunk) const { return chunk >= whole_begin && chunk < whole_end; }
+};
+
 // Sets the scores of invisible keys to -inf. scores_rowcol: (rows, cols) view of the thread's S
 // fragment; coords_rowcol: the same view of an identity tensor giving (row, col) within the tile;
 // query_of(m): the query of the thread's row m (of the rowcol view).
@@ -102,6 +118,58 @@ CUTLASS_DEVICE void apply_mask(Mask const& mask, Scores& scores_rowcol, Coords c
       if (col < begin || col >= end) scores_rowcol(m, n) = -cutlass::platform::numeric_limits<float>::infinity();
     }
   }
+}
+
+// apply_mask for one warp's rows of a band (LocalMask), chunk by chunk (WarpColumnChunks): masks
+// only the live chunks that are not whole and returns the chunks, for the softmax to skip the
+// others. All 32 lanes of the warp take part. On a causal diagonal of 128 x 128 a warp's 16 rows
+// see at most half of the chunks in the upper warpgroup, and each warp's rows cut one or two of them.
+template <int kChunk, class Mask, class Scores, class Coords, class QueryOf>
+CUTLASS_DEVICE WarpColumnChunks<kChunk> apply_mask_by_chunks(Mask const& mask, Scores& scores_rowcol,
+                                                             Coords const& coords_rowcol, QueryOf const& query_of,
+                                                             int col_offset) {
+  constexpr int kRows = decltype(cute::size<0>(scores_rowcol))::value;
+  constexpr int kCols = decltype(cute::size<1>(scores_rowcol))::value;
+  constexpr int kPerChunk = WarpColumnChunks<kChunk>::kViewColumnsPerChunk;
+  constexpr int kChunks = kCols / kPerChunk;
+  static_assert(kChunk % 8 == 0 && kCols % kPerChunk == 0, "chunks of whole column groups of 8");
+  // Each row's visible keys in the tile's columns; over the warp, the lowest and highest begin and end.
+  int begin[kRows], end[kRows];
+  int begin_min = 0, begin_max = 0, end_min = 0, end_max = 0;
+  CUTLASS_PRAGMA_UNROLL
+  for (int m = 0; m < kRows; ++m) {
+    RowKeys const keys = mask.row_keys(query_of(m));
+    begin[m] = keys.begin - col_offset;
+    end[m] = keys.end - col_offset;
+    begin_min = m == 0 ? begin[m] : cute::min(begin_min, begin[m]);
+    begin_max = m == 0 ? begin[m] : cute::max(begin_max, begin[m]);
+    end_min = m == 0 ? end[m] : cute::min(end_min, end[m]);
+    end_max = m == 0 ? end[m] : cute::max(end_max, end[m]);
+  }
+  begin_min = __reduce_min_sync(0xffffffff, begin_min);
+  begin_max = __reduce_max_sync(0xffffffff, begin_max);
+  end_min = __reduce_min_sync(0xffffffff, end_min);
+  end_max = __reduce_max_sync(0xffffffff, end_max);
+  // Clamped to the tile's columns before dividing, so that every quotient rounds as meant.
+  auto const clamp = [](int col) { return cute::max(0, cute::min(col, kChunks * kChunk)); };
+  WarpColumnChunks<kChunk> chunks;
+  chunks.live_begin = clamp(begin_min) / kChunk;
+  chunks.live_end = (clamp(end_max) + kChunk - 1) / kChunk;
+  chunks.whole_begin = (clamp(begin_max) + kChunk - 1) / kChunk;
+  chunks.whole_end = clamp(end_min) / kChunk;
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < kChunks; ++c) {
+    if (!chunks.live(c) || chunks.whole(c)) continue;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int n = c * kPerChunk; n < (c + 1) * kPerChunk; ++n) {
+        int const col = cute::get<1>(coords_rowcol(m, n));
+        if (col < begin[m] || col >= end[m]) scores_rowcol(m, n) = -cutlass::platform::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  return chunks;
 }
 
 }  // namespace flashhop::sm90

@@ -96,6 +96,23 @@ struct OnlineSoftmax {
     }
   }
 
+  // Row m's max over the quad from this thread's `tile_max` (which includes row_max[m]): raises
+  // row_max[m] where the tile passes it by more than max_slack, sets the factor that takes O to
+  // the new max, and returns the max to subtract in the exp2 domain.
+  template <bool kIsFirst>
+  CUTLASS_DEVICE float raise_max(int m, float tile_max, float& o_scale) {
+    float const tile_row_max = quad_allreduce(tile_max, [](float a, float b) { return fmaxf(a, b); });
+    // From -inf (no visible key yet) any finite max raises it.
+    bool const raise = kIsFirst || tile_row_max > row_max[m] + max_slack;
+    float const new_max = raise ? tile_row_max : row_max[m];
+    // A row with no visible key yet keeps max = -inf; subtract 0 then, so exp2(-inf) = 0, not NaN.
+    float const max_scaled =
+        new_max == -cutlass::platform::numeric_limits<float>::infinity() ? 0.f : new_max * scale_log2;
+    o_scale = raise && !kIsFirst ? fast_exp2(row_max[m] * scale_log2 - max_scaled) : 1.f;
+    row_max[m] = new_max;
+    return max_scaled;
+  }
+
   // Folds one tile of scores (rows, cols) into the running max and sum, replaces the scores with
   // P = exp(scale * (s - max)), and returns per row the factor by which O must be rescaled.
   template <bool kIsFirst, class Scores>
@@ -104,23 +121,14 @@ struct OnlineSoftmax {
     RowValues o_scale;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
-      auto const max_op = [](float a, float b) { return fmaxf(a, b); };
       float tile_max = row_max[m];
       if constexpr (kChains == 1) {
         CUTLASS_PRAGMA_UNROLL
         for (int n = 0; n < cute::size<1>(scores); ++n) tile_max = fmaxf(tile_max, scores(m, n));
       } else {
-        tile_max = fmaxf(tile_max, interleaved_row_reduce<kChains>(scores, m, max_op));
+        tile_max = fmaxf(tile_max, interleaved_row_reduce<kChains>(scores, m, [](float a, float b) { return fmaxf(a, b); }));
       }
-      float const tile_row_max = quad_allreduce(tile_max, max_op);
-      // From -inf (no visible key yet) any finite max raises it.
-      bool const raise = kIsFirst || tile_row_max > row_max[m] + max_slack;
-      float const new_max = raise ? tile_row_max : row_max[m];
-      // A row with no visible key yet keeps max = -inf; subtract 0 then, so exp2(-inf) = 0, not NaN.
-      float const max_scaled =
-          new_max == -cutlass::platform::numeric_limits<float>::infinity() ? 0.f : new_max * scale_log2;
-      o_scale[m] = raise && !kIsFirst ? fast_exp2(row_max[m] * scale_log2 - max_scaled) : 1.f;
-      row_max[m] = new_max;
+      float const max_scaled = raise_max<kIsFirst>(m, tile_max, o_scale[m]);
       float tile_sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int n = 0; n < cute::size<1>(scores); ++n) {
@@ -132,6 +140,56 @@ struct OnlineSoftmax {
       }
       row_sum[m] = kIsFirst ? tile_sum : fmaf(row_sum[m], o_scale[m], tile_sum);
     }
+    return o_scale;
+  }
+
+  // update() of a masked tile whose `columns` (mask.h: WarpColumnChunks) say which chunks of
+  // columns hold a key that some row of the warp sees: the others stay out of the max and get P = 0
+  // without an exponential. Each pass runs over the thread's rows inside a chunk, so that a chunk's
+  // branch holds the dependency chains of all rows side by side.
+  template <bool kIsFirst, class Scores, class Columns>
+  CUTLASS_DEVICE RowValues update(Scores& scores, Columns const& columns) {
+    static_assert(decltype(cute::size<0>(scores))::value == kRows);
+    static_assert(kChains == 1, "chunks of columns with one chain only");
+    constexpr int kPerChunk = Columns::kViewColumnsPerChunk;
+    constexpr int kChunks = decltype(cute::size<1>(scores))::value / kPerChunk;
+    RowValues tile_max = row_max;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kChunks; ++c) {
+      if (!columns.live(c)) continue;
+      CUTLASS_PRAGMA_UNROLL
+      for (int m = 0; m < kRows; ++m) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int n = c * kPerChunk; n < (c + 1) * kPerChunk; ++n) tile_max[m] = fmaxf(tile_max[m], scores(m, n));
+      }
+    }
+    RowValues o_scale, max_scaled, tile_sum;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      max_scaled[m] = raise_max<kIsFirst>(m, tile_max[m], o_scale[m]);
+      tile_sum[m] = 0.f;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kChunks; ++c) {
+      if (columns.live(c)) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int m = 0; m < kRows; ++m) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int n = c * kPerChunk; n < (c + 1) * kPerChunk; ++n) {
+            scores(m, n) = fast_exp2(fmaf(scores(m, n), scale_log2, -max_scaled[m]));
+            tile_sum[m] += scores(m, n);
+          }
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int m = 0; m < kRows; ++m) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int n = c * kPerChunk; n < (c + 1) * kPerChunk; ++n) scores(m, n) = 0.f;
+        }
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < kRows; ++m) row_sum[m] = kIsFirst ? tile_sum[m] : fmaf(row_sum[m], o_scale[m], tile_sum[m]);
     return o_scale;
   }
 
