@@ -121,8 +121,9 @@ struct ForwardMainloop {
   // on a causal diagonal of 128 x 128 the upper warpgroup's warps see at most 2 of 4 chunks, and
   // each warp's rows cut only 1 or 2. d = 64, whose softmax is as long as its GEMMs (H100, same
   // session, causal, against masking every column: 512 +4.3%, 1k +4.1%, 2k to 16k +1.5 to +3.5%).
-  // Not at d = 128 (causal 1k +4.8%, 2k +3.3%, but 8k -0.6% and 16k -1.5%: registers and schedule
-  // of the whole-tile loop changed) nor at d = 256 (-1 to -4%; the kernels spilled 8 to 24 bytes).
+  // Not at d = 128 (H200: causal 512 and 1k +3%, but 16k -1.3% in every round, though the
+  // whole-tile loop's SASS stayed the same but for a few reordered instructions) nor at d = 256
+  // (-1 to -4%; the kernels spilled 8 to 24 bytes).
   static constexpr bool kMaskByChunks = Mask::kIsLocal && kHeadDim <= 64;
   static constexpr int kMaskChunk = 32;
   // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
