@@ -469,6 +469,9 @@ struct ForwardMainloop {
     MmaTurns::pass_turn(consumer);
     warpgroup_wait<0>();
     pipeline_k.consumer_release(k_read);
+    // Masked by chunks, the first softmax has a masked and an unmasked copy; elsewhere the mask
+    // choice only selects the scores, and one copy of the softmax follows (the unmasked kernels'
+    // machine code as before the chunks).
     if constexpr (kMaskByChunks) {
       if (needs_mask(n_block)) {
         softmax_update(/*is_first=*/true_type{}, s_first, n_block, true_type{}, params.softcap);
