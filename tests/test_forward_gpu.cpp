@@ -351,7 +351,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
 // split over the CTAs by key tiles (split_round.h) where that saves enough; the parts merge through
 // the workspace. In {2, 1100, 1500, 16, 4} 24 tiles of 8 or 12 key tiles split into five or six
 // parts each; in {4, 1, 1152, 37, 37} 148 one-row tiles at d = 128, which takes its 64-row tiles
-// for one query (band_is_wide), all 148 of 18 key tiles over 264 CTAs. In {1, 100, 9000, 4, 4} the
+// for one query (tile_choice: short rows), all 148 of 18 key tiles over 264 CTAs. In {1, 100, 9000, 4, 4} the
 // only round splits: 4 tiles of 71 key tiles (47 at d = 96) over 132 CTAs, and at d = 64, whose 100
 // queries take the 64-row tiles, 8 over 264.
 // d = 192 and 256 run these shapes unsplit, d = 64 the first two, d = 96 the second.
@@ -405,16 +405,18 @@ std::vector<GridCase> pack_gqa_split_cases() {
 INSTANTIATE_TEST_SUITE_P(PackGqaSplit, ForwardGpuPackGqa, ::testing::ValuesIn(pack_gqa_split_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
-// ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles (tile_config.h, wide_band_keys);
+// ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles, d = 128's tiles that mask every
+// column (tile_config.h, wide_band_keys; the grid's narrow bands mask d = 64's and 128's by chunks);
 // without a mask, rows over many keys (the grid's shorter keys take d = 256's 64-key tiles) -----
 
 std::vector<GridCase> wide_band_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): short queries on long keys, so that the middle
-  // row sees over wide_band_keys(d) keys (4096 at d = 64, 2048 at d = 256) while the CPU reference
-  // stays cheap; the first shape has 6 x 16 x 2 = 192 query tiles, more than an H200's SMs, so the
-  // CTAs take several from the tile queue.
+  // row sees over wide_band_keys(d) keys (4096 at d = 64, 2048 at d = 128 and 256) while the CPU
+  // reference stays cheap; the first shape has 6 x 16 x 2 = 192 query tiles, more than an H200's
+  // SMs, so the CTAs take several from the tile queue, and so has the d = 128 one of 700 queries.
   const std::vector<Problem> shapes = {{2, 1000, 5000, 16, 2, 64}, {1, 777, 4900, 3, 1, 64},
-                                       {2, 300, 2600, 4, 4, 256}, {1, 130, 2250, 5, 5, 256}};
+                                       {2, 300, 2600, 4, 4, 256},  {1, 130, 2250, 5, 5, 256},
+                                       {2, 700, 3000, 16, 2, 128}, {1, 300, 2600, 3, 3, 128}};
   // Every key tile kind: the right edge (the diagonal, or 40 or 100 keys past it), whole tiles, and
   // tiles cut by a left window (on the first shape, row i sees keys from i - 500 on).
   const NamedMasking kWideWindow{"window4500_100", {false, 4500, 100}};
@@ -436,14 +438,15 @@ TEST_P(ForwardGpuWideBand, MatchesReference) {
   // Unpacked rows: kAuto packs the 3-head group of the second shape (d = 64's packed tiles are 64
   // rows), and packed rows take the default band width.
   call.pack_gqa = flashhop::PackGqa::kOff;
-  ASSERT_TRUE(planned_params(call).wide_band) << "this shape no longer takes the wide-band tiles";
+  ASSERT_EQ(planned_params(call).tile_choice, flashhop::sm90::TileChoice::kWideBand)
+      << "this shape no longer takes the wide-band tiles";
   run_and_check(call);
 }
 
 INSTANTIATE_TEST_SUITE_P(WideBand, ForwardGpuWideBand, ::testing::ValuesIn(wide_band_cases()),
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
-// ---- short query sequences at d = 128: 64 x 64 tiles, two CTAs per SM (band_is_wide) ------------
+// ---- short query sequences at d = 128: 64 x 64 tiles, two CTAs per SM (tile_choice) -------------
 
 std::vector<GridCase> short_query_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv), d = 128, one head per KV head so that kAuto
@@ -470,7 +473,8 @@ TEST_P(ForwardGpuShortQueries, MatchesReference) {
   const GridCase& c = GetParam();
   const Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
   const flashhop::detail::ForwardParams params = planned_params(call);
-  ASSERT_FALSE(params.pack_gqa || params.wide_band) << "this shape no longer takes the short query tiles";
+  ASSERT_TRUE(!params.pack_gqa && params.tile_choice == flashhop::sm90::TileChoice::kShortRows)
+      << "this shape no longer takes the short query tiles";
   run_and_check(call);
 }
 

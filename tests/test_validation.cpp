@@ -481,8 +481,12 @@ struct WideBandCase {
   Problem problem;
   Masking masking;
   flashhop::PackGqa pack_gqa;
-  bool wide;  // expected: ForwardParams::wide_band
+  flashhop::sm90::TileChoice choice;  // expected: ForwardParams::tile_choice
 };
+
+constexpr flashhop::sm90::TileChoice kNarrow = flashhop::sm90::TileChoice::kNarrowBand;
+constexpr flashhop::sm90::TileChoice kWide = flashhop::sm90::TileChoice::kWideBand;
+constexpr flashhop::sm90::TileChoice kShort = flashhop::sm90::TileChoice::kShortRows;
 
 class ForwardParamsWideBand : public ::testing::TestWithParam<WideBandCase> {};
 
@@ -492,55 +496,61 @@ TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
   ForwardArgs args = bind_args(plan, fake_bases(plan), true, c.masking);
   args.pack_gqa = c.pack_gqa;
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
-  EXPECT_EQ(flashhop::detail::make_forward_params(args).wide_band, c.wide);
+  EXPECT_EQ(flashhop::detail::make_forward_params(args).tile_choice, c.choice);
 }
 
 constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
 
 // wide_band_keys(d) keys for the middle query row (without a mask: seqlen_k): 4096 at d = 64, 2048
-// at d = 256 (d = 64 and 256 take tiles of their own for either width; d = 128 chooses by the
-// query rows, as d = 64 does without a mask).
+// at d = 128 and 256; d = 64 without a mask and d = 128 take short rows by the query rows first.
 INSTANTIATE_TEST_SUITE_P(
     WideBands, ForwardParamsWideBand,
-    ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, true},
-                      WideBandCase{"causal_8k_d128", {1, 8192, 8192, 4, 4, 128}, {true}, kAutoPack, true},
-                      WideBandCase{"causal_4k", {1, 4096, 4096, 4, 4, 64}, {true}, kAutoPack, false},
+    ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, kWide},
+                      WideBandCase{"causal_8k_d128", {1, 8192, 8192, 4, 4, 128}, {true}, kAutoPack, kWide},
+                      // The middle row of causal 4k sees 2049 keys, of 2k 1025.
+                      WideBandCase{"causal_4k_d128", {1, 4096, 4096, 4, 4, 128}, {true}, kAutoPack, kWide},
+                      WideBandCase{"causal_2k_d128", {1, 2048, 2048, 4, 4, 128}, {true}, kAutoPack, kNarrow},
+                      WideBandCase{"window_2046_narrow_d128", {1, 8192, 8192, 4, 4, 128}, {false, 2046, 0}, kAutoPack,
+                                   kNarrow},
+                      WideBandCase{"causal_4k", {1, 4096, 4096, 4, 4, 64}, {true}, kAutoPack, kNarrow},
                       // The middle row (500) sees 500 + 4000 + 1 keys.
-                      WideBandCase{"causal_short_queries", {1, 1000, 5000, 4, 4, 64}, {true}, kAutoPack, true},
-                      WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, true},
+                      WideBandCase{"causal_short_queries", {1, 1000, 5000, 4, 4, 64}, {true}, kAutoPack, kWide},
+                      WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, kWide},
                       // Without a mask at d = 64: whether seqlen_q fills the 192-row tiles to 4/5.
-                      WideBandCase{"no_mask_4095_keys", {1, 8192, 4095, 4, 4, 64}, {}, kAutoPack, true},
-                      WideBandCase{"no_mask_128_queries", {1, 128, 8192, 4, 4, 64}, {}, kAutoPack, false},
-                      WideBandCase{"no_mask_307_queries", {1, 307, 1024, 4, 4, 64}, {}, kAutoPack, false},
-                      WideBandCase{"no_mask_308_queries", {1, 308, 1024, 4, 4, 64}, {}, kAutoPack, true},
-                      WideBandCase{"no_mask_128_queries_d128", {1, 128, 8192, 4, 4, 128}, {}, kAutoPack, true},
-                      WideBandCase{"no_mask_2k_d256", {1, 512, 2048, 4, 4, 256}, {}, kAutoPack, true},
-                      WideBandCase{"no_mask_2047_keys_d256", {1, 4096, 2047, 4, 4, 256}, {}, kAutoPack, false},
+                      WideBandCase{"no_mask_4095_keys", {1, 8192, 4095, 4, 4, 64}, {}, kAutoPack, kWide},
+                      WideBandCase{"no_mask_128_queries", {1, 128, 8192, 4, 4, 64}, {}, kAutoPack, kShort},
+                      WideBandCase{"no_mask_307_queries", {1, 307, 1024, 4, 4, 64}, {}, kAutoPack, kShort},
+                      WideBandCase{"no_mask_308_queries", {1, 308, 1024, 4, 4, 64}, {}, kAutoPack, kWide},
+                      WideBandCase{"no_mask_128_queries_d128", {1, 128, 8192, 4, 4, 128}, {}, kAutoPack, kWide},
+                      WideBandCase{"no_mask_2k_d256", {1, 512, 2048, 4, 4, 256}, {}, kAutoPack, kWide},
+                      WideBandCase{"no_mask_2047_keys_d256", {1, 4096, 2047, 4, 4, 256}, {}, kAutoPack, kNarrow},
                       // A window as wide as the keys is no mask.
                       WideBandCase{"window_as_wide_as_keys_d256", {1, 1024, 1024, 4, 4, 256}, {false, 1023, 1023},
-                                   kAutoPack, false},
-                      WideBandCase{"window_4095_wide", {1, 16384, 16384, 4, 4, 64}, {false, 4095, 0}, kAutoPack, true},
-                      WideBandCase{"window_4094_narrow", {1, 16384, 16384, 4, 4, 64}, {false, 4094, 0}, kAutoPack, false},
-                      WideBandCase{"both_sides", {1, 16384, 16384, 4, 4, 64}, {false, 2000, 2100}, kAutoPack, true},
+                                   kAutoPack, kNarrow},
+                      WideBandCase{"window_4095_wide", {1, 16384, 16384, 4, 4, 64}, {false, 4095, 0}, kAutoPack, kWide},
+                      WideBandCase{"window_4094_narrow", {1, 16384, 16384, 4, 4, 64}, {false, 4094, 0}, kAutoPack,
+                                   kNarrow},
+                      WideBandCase{"both_sides", {1, 16384, 16384, 4, 4, 64}, {false, 2000, 2100}, kAutoPack, kWide},
                       // Packed GQA rows keep their own tiles.
-                      WideBandCase{"causal_8k_packed", {1, 8192, 8192, 8, 2, 64}, {true}, flashhop::PackGqa::kOn, false},
-                      WideBandCase{"no_mask_short_keys_packed", {1, 1, 512, 8, 2, 256}, {}, kAutoPack, true},
-                      WideBandCase{"causal_8k_gqa_unpacked", {1, 8192, 8192, 8, 2, 64}, {true}, kAutoPack, true},
-                      WideBandCase{"causal_4k_d256", {1, 4096, 4096, 4, 4, 256}, {true}, kAutoPack, true},
-                      WideBandCase{"causal_2k_d256", {1, 2048, 2048, 4, 4, 256}, {true}, kAutoPack, false},
+                      WideBandCase{"causal_8k_packed", {1, 8192, 8192, 8, 2, 64}, {true}, flashhop::PackGqa::kOn,
+                                   kNarrow},
+                      WideBandCase{"no_mask_short_keys_packed", {1, 1, 512, 8, 2, 256}, {}, kAutoPack, kWide},
+                      WideBandCase{"causal_8k_gqa_unpacked", {1, 8192, 8192, 8, 2, 64}, {true}, kAutoPack, kWide},
+                      WideBandCase{"causal_4k_d256", {1, 4096, 4096, 4, 4, 256}, {true}, kAutoPack, kWide},
+                      WideBandCase{"causal_2k_d256", {1, 2048, 2048, 4, 4, 256}, {true}, kAutoPack, kNarrow},
                       WideBandCase{"window_2047_wide_d256", {1, 16384, 16384, 4, 4, 256}, {false, 2047, 0}, kAutoPack,
-                                   true},
+                                   kWide},
                       WideBandCase{"window_2046_narrow_d256", {1, 16384, 16384, 4, 4, 256}, {false, 2046, 0}, kAutoPack,
-                                   false},
+                                   kNarrow},
                       // d = 128: the query rows, masked or not (short up to 64 and from 129 to 192).
-                      WideBandCase{"no_mask_64_queries_d128", {1, 64, 8192, 4, 4, 128}, {}, kAutoPack, false},
-                      WideBandCase{"causal_16_queries_d128", {1, 16, 8192, 4, 4, 128}, {true}, kAutoPack, false},
-                      WideBandCase{"causal_192_queries_d128", {1, 192, 192, 4, 4, 128}, {true}, kAutoPack, false},
-                      WideBandCase{"no_mask_193_queries_d128", {1, 193, 1024, 4, 4, 128}, {}, kAutoPack, true},
+                      WideBandCase{"no_mask_64_queries_d128", {1, 64, 8192, 4, 4, 128}, {}, kAutoPack, kShort},
+                      WideBandCase{"causal_16_queries_d128", {1, 16, 8192, 4, 4, 128}, {true}, kAutoPack, kShort},
+                      WideBandCase{"causal_192_queries_d128", {1, 192, 192, 4, 4, 128}, {true}, kAutoPack, kShort},
+                      WideBandCase{"no_mask_193_queries_d128", {1, 193, 1024, 4, 4, 128}, {}, kAutoPack, kNarrow},
                       // 16 queries of 4 heads per KV head pack (64 rows of a 128-row tile against 16
                       // of a 64-row one) and take the default width; 48 of 2 fill both tiles alike.
-                      WideBandCase{"short_queries_packed_d128", {1, 16, 8192, 32, 8, 128}, {}, kAutoPack, true},
-                      WideBandCase{"short_queries_gqa_unpacked_d128", {1, 48, 1000, 4, 2, 128}, {}, kAutoPack, false}),
+                      WideBandCase{"short_queries_packed_d128", {1, 16, 8192, 32, 8, 128}, {}, kAutoPack, kWide},
+                      WideBandCase{"short_queries_gqa_unpacked_d128", {1, 48, 1000, 4, 2, 128}, {}, kAutoPack, kShort}),
     [](const ::testing::TestParamInfo<WideBandCase>& info) { return info.param.name; });
 
 TEST(ForwardParams, ResolvesPackGqa) {

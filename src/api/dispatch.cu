@@ -1,5 +1,5 @@
 // Runtime arguments become template arguments here, once: dtype -> element type, (head dim,
-// head dim of V) -> constants, mask -> policy, packed GQA rows and the band width -> flags.
+// head dim of V) -> constants, mask -> policy, packed GQA rows -> a flag, the tile choice -> an enum.
 // Configurations left out of the build (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include <string>
 #include <type_traits>
@@ -63,18 +63,32 @@ FLASHHOP_BUILT(cutlass::half_t, 256, 256)
 #endif
 #undef FLASHHOP_BUILT
 
+// Unpacked rows of tile choice kChoice: on the head dim's own tiles for it where it has some, else on
+// the default choice's.
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, sm90::TileChoice kChoice>
+Status launch_unpacked(ForwardParams const& p, cudaStream_t stream) {
+  constexpr bool kOwn = sm90::has_own_tiles(kHeadDim, Mask::kIsLocal, kChoice);
+  constexpr sm90::TileChoice kLaunched = kOwn ? kChoice : sm90::default_tile_choice(Mask::kIsLocal);
+  return sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, kLaunched>(p, stream);
+}
+
 template <class Element, int kHeadDim, int kHeadDimV, class Mask>
 Status launch_with_mask(ForwardParams const& p, cudaStream_t stream) {
-  constexpr bool kDefaultWide = sm90::default_wide_band(Mask::kIsLocal);
-  // Unpacked rows of the other band width, at the head dims with tiles of their own for it (packed
-  // rows always have the default width: make_forward_params).
-  if constexpr (sm90::has_band_width_tiles(kHeadDim, Mask::kIsLocal)) {
-    if (p.wide_band != kDefaultWide) {
-      return sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, !kDefaultWide>(p, stream);
-    }
+  using sm90::TileChoice;
+  // Packed rows always take the default choice (make_forward_params).
+  if (p.pack_gqa) {
+    return sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true, sm90::default_tile_choice(Mask::kIsLocal)>(
+        p, stream);
   }
-  return p.pack_gqa ? sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, true, kDefaultWide>(p, stream)
-                    : sm90::launch_forward<Element, kHeadDim, kHeadDimV, Mask, false, kDefaultWide>(p, stream);
+  switch (p.tile_choice) {
+    case TileChoice::kWideBand:
+      return launch_unpacked<Element, kHeadDim, kHeadDimV, Mask, TileChoice::kWideBand>(p, stream);
+    case TileChoice::kShortRows:
+      return launch_unpacked<Element, kHeadDim, kHeadDimV, Mask, TileChoice::kShortRows>(p, stream);
+    case TileChoice::kNarrowBand:
+      break;
+  }
+  return launch_unpacked<Element, kHeadDim, kHeadDimV, Mask, TileChoice::kNarrowBand>(p, stream);
 }
 
 template <class Element, int kHeadDim, int kHeadDimV>

@@ -71,7 +71,7 @@ std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
     return 0;
   }
   const sm90::ForwardTileConfig tile =
-      sm90::forward_tile_config(params.head_dim, /*local=*/false, params.wide_band, params.pack_gqa);
+      sm90::forward_tile_config(params.head_dim, /*local=*/false, params.tile_choice, params.pack_gqa);
   const int consumers = tile.block_m / 64;
   const sm90::SplitPolicy policy = sm90::split_policy(params.head_dim, consumers, params.pack_gqa);
   if (policy == sm90::SplitPolicy::kNone) return 0;

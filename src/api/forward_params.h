@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "flashhop/flashhop.h"
+#include "kernels/sm90/tile_config.h"
 
 namespace flashhop::detail {
 
@@ -36,9 +37,9 @@ struct ForwardParams {
   // Query tiles run over (query row, head of the KV group) pairs, the head fastest (PackGqa).
   bool pack_gqa = false;
   // Whether the query rows see many keys (sm90::wide_band_keys; without a mask the band is all
-  // seqlen_k keys), which picks the tiles where a head dim has some for either width
-  // (sm90::has_band_width_tiles); packed GQA rows: sm90::default_wide_band(local).
-  bool wide_band = false;
+  // seqlen_k keys) or are few (sm90::tile_choice), which picks the tiles where a head dim has some
+  // of its own for it (sm90::has_own_tiles); packed GQA rows: sm90::default_tile_choice(local).
+  sm90::TileChoice tile_choice = sm90::TileChoice::kNarrowBand;
   // forward()'s workspace: with a band (`local`), the int counter of the tile queue
   // (CausalScheduler), zeroed before the kernel; without, the split last round's counters and
   // partial results (split_round.h) where it splits one; else null.

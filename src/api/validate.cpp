@@ -355,16 +355,18 @@ ForwardParams make_forward_params(const ForwardArgs& args) {
   params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
   params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
   // Without a mask the band is all seqlen_k keys (the widths above reach past every key). Packed rows
-  // take the default width; the unpacked rows' tiles, which packing is weighed against, their own.
-  const bool default_wide = sm90::default_wide_band(params.local);
-  const bool unpacked_wide =
-      sm90::band_is_wide(params.head_dim, params.local, params.seqlen_q,
-                         middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
-  params.pack_gqa =
-      use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
-                   sm90::forward_tile_config(params.head_dim, params.local, unpacked_wide, /*pack_gqa=*/false).block_m,
-                   sm90::forward_tile_config(params.head_dim, params.local, default_wide, /*pack_gqa=*/true).block_m);
-  params.wide_band = params.pack_gqa ? default_wide : unpacked_wide;
+  // take the default choice; the unpacked rows' tiles, which packing is weighed against, their own.
+  const sm90::TileChoice default_choice = sm90::default_tile_choice(params.local);
+  const sm90::TileChoice unpacked_choice =
+      sm90::tile_choice(params.head_dim, params.local, params.seqlen_q,
+                        middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
+  const int unpacked_block_m =
+      sm90::forward_tile_config(params.head_dim, params.local, unpacked_choice, /*pack_gqa=*/false).block_m;
+  const int packed_block_m =
+      sm90::forward_tile_config(params.head_dim, params.local, default_choice, /*pack_gqa=*/true).block_m;
+  params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
+                                 unpacked_block_m, packed_block_m);
+  params.tile_choice = params.pack_gqa ? default_choice : unpacked_choice;
   params.device = args.q.device;
   return params;
 }

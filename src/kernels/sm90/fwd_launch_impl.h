@@ -9,9 +9,9 @@
 
 namespace flashhop::sm90 {
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa, bool kWideBand>
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa, TileChoice kTileChoice>
 Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
-  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa, kWideBand>;
+  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa, kTileChoice>;
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 

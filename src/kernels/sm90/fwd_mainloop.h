@@ -20,7 +20,7 @@
 
 namespace flashhop::sm90 {
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_, bool kWideBand_>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_, TileChoice kTileChoice_>
 struct ForwardMainloop {
   using Element = Element_;
   using Mask = Mask_;
@@ -28,7 +28,7 @@ struct ForwardMainloop {
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
-  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kWideBand_, kPackGqa);
+  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kTileChoice_, kPackGqa);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -119,12 +119,12 @@ struct ForwardMainloop {
   // Whether a band's masked key tiles are masked by chunks of 32 keys per warp (mask.h,
   // apply_mask_by_chunks), so that the softmax skips the chunks that hold no key of the warp's rows:
   // on a causal diagonal of 128 x 128 the upper warpgroup's warps see at most 2 of 4 chunks, and
-  // each warp's rows cut only 1 or 2. d = 64, whose softmax is as long as its GEMMs (H100, same
-  // session, causal, against masking every column: 512 +4.3%, 1k +4.1%, 2k to 16k +1.5 to +3.5%).
-  // Not at d = 128 (H200: causal 512 and 1k +3%, but 16k -1.3% in every round, though the
-  // whole-tile loop's SASS stayed the same but for a few reordered instructions) nor at d = 256
-  // (-1 to -4%; the kernels spilled 8 to 24 bytes).
-  static constexpr bool kMaskByChunks = Mask::kIsLocal && kHeadDim <= 64;
+  // each warp's rows cut only 1 or 2. tile_config.h chooses: d = 64, whose softmax is as long as
+  // its GEMMs (H100, same session, causal, against masking every column: 512 +4.3%, 1k +4.1%, 2k
+  // to 16k +1.5 to +3.5%), and d = 128's narrow bands (H200: causal 512 to 2k +1 to +3%; but 16k
+  // -1.3% in every round, though the whole-tile loop's SASS stayed the same but for a few reordered
+  // instructions). Not at d = 256 (-1 to -4%; the kernels spilled 8 to 24 bytes).
+  static constexpr bool kMaskByChunks = Mask::kIsLocal && kTile.mask_by_chunks;
   static constexpr int kMaskChunk = 32;
   // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
   static constexpr bool kReleaseQInWalk = kOOutsideQ && !Mask::kIsLocal;

@@ -12,7 +12,24 @@ struct ForwardTileConfig {
   int stages;   // depth of the K and V shared-memory rings
   bool mma_pingpong;  // order the consumers' GEMM issue round robin with named barriers (MmaScheduler)
   int softmax_chains = 1;  // interleaved dependency chains of each row's max and sum (softmax.h)
+  // With a mask, the masked key tiles are masked by warp column chunks (mask.h, fwd_mainloop.h).
+  bool mask_by_chunks = false;
 };
+
+// Which of a head dim's sets of tiles a call takes, where it has more than one (has_own_tiles):
+// by the width of the band (wide_band_keys) or, at some head dims, by the query rows.
+enum class TileChoice : std::uint8_t {
+  kNarrowBand,  // the middle query row sees fewer than wide_band_keys(d) keys
+  kWideBand,    // it sees at least that many (without a mask: seqlen_k does)
+  kShortRows,   // too few query rows to fill the tall tiles (d = 64 without a mask, d = 128)
+};
+
+// The tile choice of the kernels that take none (packed GQA rows, and head dims whose tiles do not
+// depend on it): narrow bands with a mask, wide without (the unmasked kernel's rows see all keys,
+// mostly many).
+constexpr TileChoice default_tile_choice(bool local) {
+  return local ? TileChoice::kNarrowBand : TileChoice::kWideBand;
+}
 
 // 228 KB of shared memory per SM, of which one CTA may use 227 KB. The CTA holds Q (block_m x d),
 // `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
@@ -20,15 +37,22 @@ struct ForwardTileConfig {
 // Registers per consumer thread (after setmaxnreg: 240 with two consumer warpgroups, 160 with
 // three, 232 with one): S = block_n / 2 floats, O = dv / 2 floats, P = block_n / 4 packed
 // registers, plus the next S while softmax of the current one runs.
-// The tiles depend on d, the mask kind and the band's width alone (d = 192 serves dv = 192 and
-// 128); `local`: a causal or sliding-window mask (LocalMask); `wide_band`: the query rows see many
-// keys (wide_band_keys below): with a mask, the band's middle row does; without one, each row sees
-// all seqlen_k keys, a band as wide as the keys. Some head dims take tiles of their own on one side
-// of it: d = 64 taller query tiles for wide bands, d = 256 64-key tiles for narrow ones; without a
-// mask d = 64, and with or without one d = 128, choose by the query rows instead (band_is_wide).
-// Packed GQA rows (`pack_gqa`) take no such choice (default_wide_band); at d = 64 they have tiles
-// of their own.
-constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool wide_band, bool pack_gqa) {
+// The tiles depend on d, the mask kind and the tile choice alone (d = 192 serves dv = 192 and 128);
+// `local`: a causal or sliding-window mask (LocalMask); `choice` (tile_choice below): whether the
+// query rows see many keys (wide_band_keys): with a mask, the band's middle row does; without one,
+// each row sees all seqlen_k keys, a band as wide as the keys; or whether the query rows are too
+// few for the tall tiles. Some head dims take tiles of their own for some choices: d = 64 taller
+// query tiles for wide bands, d = 256 64-key tiles for narrow ones, d = 128 masking by chunks on
+// narrow bands; d = 64 without a mask and d = 128 shorter query tiles for short rows. Packed GQA
+// rows (`pack_gqa`) take no such choice (default_tile_choice); at d = 64 they have tiles of their
+// own.
+constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, TileChoice choice, bool pack_gqa) {
+  // Short query rows have tiles of their own only at d = 64 without a mask and at d = 128;
+  // elsewhere they take the default choice's.
+  bool const own_short_rows = (head_dim <= 64 && !local) || (head_dim > 96 && head_dim <= 128);
+  if (choice == TileChoice::kShortRows && !own_short_rows) choice = default_tile_choice(local);
+  bool const wide_band = choice == TileChoice::kWideBand;
+  bool const short_rows = choice == TileChoice::kShortRows;
   if (head_dim <= 64) {
     // Non-causal: three consumer warpgroups (192 query rows, 160 registers each: S 64 + P 32 + O 32
     // live floats), so each K/V tile serves 1.5 times the rows and each warpgroup's softmax hides
@@ -51,11 +75,12 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // +11%, without a mask +43%; 4 x 16 queries on 8192 keys, 32 / 4 heads, causal +19%. Unpacked
     // rows lost on them (each K/V tile then serves 64 rows): causal 512 level, 1k to 4k -2 to -6%;
     // without a mask, seqlen 512 / 1k / 2k -9 / -7 / -15%, but not where the query rows fill the
-    // 192-row tiles badly (band_is_wide): those take them too.
-    if (pack_gqa || (!local && !wide_band)) return {64, 128, 2, false, local ? 1 : 4};
-    if (!local) return {192, 128, 2, true, 4};
-    if (wide_band) return {192, 128, 2, true};
-    return {128, 128, 2, true};
+    // 192-row tiles badly (tile_choice: short rows): those take them too.
+    // Masks by chunks everywhere (d = 64's softmax is as long as its GEMMs; fwd_mainloop.h).
+    if (pack_gqa || (!local && short_rows)) return {64, 128, 2, false, local ? 1 : 4, true};
+    if (!local) return {192, 128, 2, true, 4, true};
+    if (wide_band) return {192, 128, 2, true, 1, true};
+    return {128, 128, 2, true, 1, true};
   }
   if (head_dim <= 96) {
     // As d = 64, whose N = 192 the registers still allow: S 96 + P 48 + O 48 live floats.
@@ -68,7 +93,7 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // 16k 639 vs 626 TFLOP/s, 4k 600 vs 617, 1k 495 vs 540, 512 397 vs 444, so 128.
     // Four softmax chains without a mask, as d = 64 (H200, same session, against one: 512 -2.4%,
     // 1k +4.3%, 2k +2.0%, 4k to 16k level; at d = 256 level everywhere, so one there).
-    // Short query sequences (band_is_wide: the query rows, not the keys) take 64 x 64 tiles with one
+    // Short query sequences (tile_choice: the query rows, not the keys) take 64 x 64 tiles with one
     // consumer warpgroup and two CTAs per SM, as d = 64's (smem: Q 16 KB + 2 x (K 16 KB + V 16 KB) +
     // O 16 KB = 96 KB each). H200, same session, against 128 x 128, batch 8: 32 heads (MHA), 64
     // causal queries over 1024 keys +16%, 150 over 1024 +10%, 192 over 8192 +3% (causal +8%), 16
@@ -77,8 +102,12 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, bool w
     // to 0.90 without a mask and 0.84 to 1.01 causal (seqlen 512 to 16k). Packed GQA rows keep
     // 128 x 128: on 64 x 64 tiles they gained 2.5 to 17% on decoding and over 1024 keys, but lost 5
     // to 16% on 32 to 128 queries over 2048 to 8192 keys and 6% on one sequence over 32k keys.
-    if (!pack_gqa && !wide_band) return {64, 64, 2, false, local ? 1 : 4};
-    return {128, 128, 2, true, local ? 1 : 4};
+    // Narrow bands mask by chunks: H200, two sessions, causal against masking every column: 512
+    // +3.2 / +0.6%, 1k +3.1 / +1.1%, 2k level / +1.2%; window (1024, 0) at 8k +3.8 / +1.7%; but
+    // 16k -1.3% (in the first; wide bands, which keep masking every column). Packed rows keep
+    // masking every column (not measured).
+    if (!pack_gqa && short_rows) return {64, 64, 2, false, local ? 1 : 4};
+    return {128, 128, 2, true, local ? 1 : 4, local && !pack_gqa && choice == TileChoice::kNarrowBand};
   }
   if (head_dim <= 192) {
     // The widest N (a multiple of 16) that fits two stages: dv = 192: Q 48 KB + 2 x (K 42 KB +
@@ -118,44 +147,45 @@ constexpr int ctas_per_sm(int consumer_warpgroups) { return consumer_warpgroups 
 
 constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b) {
   return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages &&
-         a.mma_pingpong == b.mma_pingpong && a.softmax_chains == b.softmax_chains;
+         a.mma_pingpong == b.mma_pingpong && a.softmax_chains == b.softmax_chains &&
+         a.mask_by_chunks == b.mask_by_chunks;
 }
 
 // A band is wide when its middle query row sees at least this many keys (make_forward_params):
 // causal with seqlen_q = seqlen_k from 8k at d = 64, where its 192-row tiles gain, and from 4k at
-// d = 256, where the 80-key tiles win back (see above); without a mask, from seqlen_k 2048 at
-// d = 256.
+// d = 256, where the 80-key tiles win back (see above), and at d = 128, where masking by chunks
+// lost at 16k; without a mask, from seqlen_k 2048 at d = 256.
 constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 4096 : 2048; }
 
 // `rows` rounded up to whole tiles of `tile` rows.
 constexpr long long padded_rows(int rows, int tile) { return (rows + tile - 1ll) / tile * tile; }
 
-// The band width of unpacked rows (forward_tile_config's `wide_band`): whether the middle query row
-// sees at least wide_band_keys(d) keys (without a mask, seqlen_k), except where the two tiles of a
-// head dim differ in query rows, so that short query sequences take the 64-row tiles with two CTAs
-// per SM:
-// - d = 64 without a mask: whether seqlen_q fills the 192-row tiles to at least 4/5 (a 192-row tile
-//   holding 128 queries fills two thirds). H200, same session, batch 8 x 32 heads over 1024 / 8192
-//   keys, 64-row against 192-row tiles: seqlen_q 64 (fill 1/3) +61 / +66%; 128 and 256 (2/3) +16 /
-//   +16% and +18 / +12%; 192 and 384 (full) -13 / -17% and -16 / -19%: even near a fill of 0.83.
-// - d = 128, with or without a mask: whether 128-row tiles pad seqlen_q to at most 5/4 of the rows
-//   that 64-row tiles pad it to, since full 64-row tiles ran at 0.80 to 0.90 of the 128-row ones
-//   without a mask (forward_tile_config): short up to 64 queries and from 129 to 192.
-constexpr bool band_is_wide(int head_dim, bool local, int seqlen_q, int middle_row_keys) {
-  if (head_dim <= 64 && !local) return 5ll * seqlen_q >= 4 * padded_rows(seqlen_q, 192);
-  if (head_dim > 96 && head_dim <= 128) return 4 * padded_rows(seqlen_q, 128) <= 5 * padded_rows(seqlen_q, 64);
-  return middle_row_keys >= wide_band_keys(head_dim);
+// The tile choice of unpacked rows (forward_tile_config's `choice`): whether the middle query row
+// sees at least wide_band_keys(d) keys (without a mask, seqlen_k), except where a head dim has
+// shorter query tiles for short query sequences (64 rows, two CTAs per SM):
+// - d = 64 without a mask: short rows unless seqlen_q fills the 192-row tiles to at least 4/5 (a
+//   192-row tile holding 128 queries fills two thirds). H200, same session, batch 8 x 32 heads
+//   over 1024 / 8192 keys, 64-row against 192-row tiles: seqlen_q 64 (fill 1/3) +61 / +66%; 128
+//   and 256 (2/3) +16 / +16% and +18 / +12%; 192 and 384 (full) -13 / -17% and -16 / -19%: even
+//   near a fill of 0.83.
+// - d = 128, with or without a mask: short rows where 128-row tiles pad seqlen_q to more than 5/4
+//   of the rows that 64-row tiles pad it to, since full 64-row tiles ran at 0.80 to 0.90 of the
+//   128-row ones without a mask (forward_tile_config): up to 64 queries and from 129 to 192.
+constexpr TileChoice tile_choice(int head_dim, bool local, int seqlen_q, int middle_row_keys) {
+  if (head_dim <= 64 && !local) {
+    return 5ll * seqlen_q >= 4 * padded_rows(seqlen_q, 192) ? TileChoice::kWideBand : TileChoice::kShortRows;
+  }
+  if (head_dim > 96 && head_dim <= 128 && 4 * padded_rows(seqlen_q, 128) > 5 * padded_rows(seqlen_q, 64)) {
+    return TileChoice::kShortRows;
+  }
+  return middle_row_keys >= wide_band_keys(head_dim) ? TileChoice::kWideBand : TileChoice::kNarrowBand;
 }
 
-// The band width of the kernels that take no choice of it (packed GQA rows, and head dims whose
-// tiles do not depend on it): narrow with a mask, wide without (the unmasked kernel's rows see all
-// keys, mostly many).
-constexpr bool default_wide_band(bool local) { return !local; }
-
-// Whether head dim d has tiles of its own for the band width that is not default_wide_band (one
+// Whether head dim d has tiles of its own for `choice`, other than default_tile_choice's (one
 // kernel more per dtype and mask kind).
-constexpr bool has_band_width_tiles(int head_dim, bool local) {
-  return !(forward_tile_config(head_dim, local, true, false) == forward_tile_config(head_dim, local, false, false));
+constexpr bool has_own_tiles(int head_dim, bool local, TileChoice choice) {
+  return !(forward_tile_config(head_dim, local, choice, false) ==
+           forward_tile_config(head_dim, local, default_tile_choice(local), false));
 }
 
 }  // namespace flashhop::sm90

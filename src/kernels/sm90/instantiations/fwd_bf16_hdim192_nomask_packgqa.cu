@@ -3,6 +3,6 @@
 #include "kernels/sm90/wgmma_extended.h"
 
 namespace flashhop::sm90 {
-template Status launch_forward<cutlass::bfloat16_t, 192, 192, NoMask, true, true>(
+template Status launch_forward<cutlass::bfloat16_t, 192, 192, NoMask, true, TileChoice::kWideBand>(
     detail::ForwardParams const&, cudaStream_t);
 }  // namespace flashhop::sm90

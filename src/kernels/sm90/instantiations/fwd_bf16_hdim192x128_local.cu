@@ -3,6 +3,6 @@
 #include "kernels/sm90/wgmma_extended.h"
 
 namespace flashhop::sm90 {
-template Status launch_forward<cutlass::bfloat16_t, 192, 128, LocalMask, false, false>(
+template Status launch_forward<cutlass::bfloat16_t, 192, 128, LocalMask, false, TileChoice::kNarrowBand>(
     detail::ForwardParams const&, cudaStream_t);
 }  // namespace flashhop::sm90

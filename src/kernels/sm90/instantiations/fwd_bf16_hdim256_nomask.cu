@@ -3,6 +3,6 @@
 #include "kernels/sm90/wgmma_extended.h"
 
 namespace flashhop::sm90 {
-template Status launch_forward<cutlass::bfloat16_t, 256, 256, NoMask, false, true>(
+template Status launch_forward<cutlass::bfloat16_t, 256, 256, NoMask, false, TileChoice::kWideBand>(
     detail::ForwardParams const&, cudaStream_t);
 }  // namespace flashhop::sm90

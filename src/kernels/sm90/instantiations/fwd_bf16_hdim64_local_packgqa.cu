@@ -2,6 +2,6 @@
 #include "kernels/sm90/fwd_launch_impl.h"
 
 namespace flashhop::sm90 {
-template Status launch_forward<cutlass::bfloat16_t, 64, 64, LocalMask, true, false>(
+template Status launch_forward<cutlass::bfloat16_t, 64, 64, LocalMask, true, TileChoice::kNarrowBand>(
     detail::ForwardParams const&, cudaStream_t);
 }  // namespace flashhop::sm90

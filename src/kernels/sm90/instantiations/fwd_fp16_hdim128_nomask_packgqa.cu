@@ -2,6 +2,6 @@
 #include "kernels/sm90/fwd_launch_impl.h"
 
 namespace flashhop::sm90 {
-template Status launch_forward<cutlass::half_t, 128, 128, NoMask, true, true>(
+template Status launch_forward<cutlass::half_t, 128, 128, NoMask, true, TileChoice::kWideBand>(
     detail::ForwardParams const&, cudaStream_t);
 }  // namespace flashhop::sm90

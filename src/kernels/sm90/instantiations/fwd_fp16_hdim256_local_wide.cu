@@ -3,6 +3,6 @@
 #include "kernels/sm90/wgmma_extended.h"
 
 namespace flashhop::sm90 {
-template Status launch_forward<cutlass::half_t, 256, 256, LocalMask, false, true>(
+template Status launch_forward<cutlass::half_t, 256, 256, LocalMask, false, TileChoice::kWideBand>(
     detail::ForwardParams const&, cudaStream_t);
 }  // namespace flashhop::sm90
