@@ -351,9 +351,9 @@ INSTANTIATE_TEST_SUITE_P(Grid, ForwardGpu, ::testing::ValuesIn(grid()),
 // split over the CTAs by key tiles (split_round.h) where that saves enough; the parts merge through
 // the workspace. In {2, 1100, 1500, 16, 4} 24 tiles of 8 or 12 key tiles split into five or six
 // parts each; in {4, 1, 1152, 37, 37} 148 one-row tiles at d = 128, which takes its 64-row tiles
-// for one query (tile_choice: short rows), all 148 of 18 key tiles over 264 CTAs. In {1, 100, 9000, 4, 4} the
-// only round splits: 4 tiles of 71 key tiles (47 at d = 96) over 132 CTAs, and at d = 64, whose 100
-// queries take the 64-row tiles, 8 over 264.
+// for one query (tile_choice: short rows), all 148 of 18 key tiles over 264 CTAs. In
+// {1, 100, 9000, 4, 4} the only round splits: 4 tiles of 71 key tiles (47 at d = 96) over 132
+// CTAs, and at d = 64, whose 100 queries take the 64-row tiles, 8 over 264.
 // d = 192 and 256 run these shapes unsplit, d = 64 the first two, d = 96 the second.
 std::vector<GridCase> split_round_cases() {
   return grid_cases({{2, 1100, 1500, 16, 4}, {4, 1, 1152, 37, 37}, {1, 100, 9000, 4, 4}}, {kFull}, {kFull});
@@ -436,7 +436,7 @@ TEST_P(ForwardGpuWideBand, MatchesReference) {
   const GridCase& c = GetParam();
   Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
   // Unpacked rows: kAuto packs the 3-head group of the second shape (d = 64's packed tiles are 64
-  // rows), and packed rows take the default band width.
+  // rows), and packed rows take the default tile choice.
   call.pack_gqa = flashhop::PackGqa::kOff;
   ASSERT_EQ(planned_params(call).tile_choice, flashhop::sm90::TileChoice::kWideBand)
       << "this shape no longer takes the wide-band tiles";

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Writes src/kernels/sm90/instantiations/: one forward configuration per .cu file.
 
-File names are fwd_<dtype>_hdim<d>[x<dv>]_<mask>[_packgqa|_wide|_narrow|_short].cu so that CMake can select
-them by FLASHHOP_DTYPES and FLASHHOP_HEAD_DIMS ("192x128" is d = 192, dv = 128). Every (dtype, head
-dims, mask) combination is valid, packed GQA rows or not; a combination that a future feature makes
-invalid is dropped here, not by static_asserts in the kernel.
+File names are fwd_<dtype>_hdim<d>[x<dv>]_<mask>[_packgqa|_wide|_narrow|_short].cu so that CMake can
+select them by FLASHHOP_DTYPES and FLASHHOP_HEAD_DIMS ("192x128" is d = 192, dv = 128). Every (dtype,
+head dims, mask) combination is valid, packed GQA rows or not; a combination that a future feature
+makes invalid is dropped here, not by static_asserts in the kernel.
 """
 import argparse
 import pathlib
