@@ -31,6 +31,12 @@ constexpr TileChoice default_tile_choice(bool local) {
   return local ? TileChoice::kNarrowBand : TileChoice::kWideBand;
 }
 
+// Whether head dim d has tiles of its own for short query rows (64 rows, two CTAs per SM): d = 64
+// without a mask and d = 128 (tile_choice says when rows are short).
+constexpr bool has_short_row_tiles(int head_dim, bool local) {
+  return (head_dim <= 64 && !local) || (head_dim > 96 && head_dim <= 128);
+}
+
 // 228 KB of shared memory per SM, of which one CTA may use 227 KB. The CTA holds Q (block_m x d),
 // `stages` K tiles (block_n x d) and `stages` V tiles (block_n x dv); O (block_m x dv) gets a buffer
 // of its own where it fits, else it reuses Q's.
@@ -47,10 +53,8 @@ constexpr TileChoice default_tile_choice(bool local) {
 // rows (`pack_gqa`) take no such choice (default_tile_choice); at d = 64 they have tiles of their
 // own.
 constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, TileChoice choice, bool pack_gqa) {
-  // Short query rows have tiles of their own only at d = 64 without a mask and at d = 128;
-  // elsewhere they take the default choice's.
-  bool const own_short_rows = (head_dim <= 64 && !local) || (head_dim > 96 && head_dim <= 128);
-  if (choice == TileChoice::kShortRows && !own_short_rows) choice = default_tile_choice(local);
+  // Short query rows take the default choice's tiles where the head dim has none of its own.
+  if (choice == TileChoice::kShortRows && !has_short_row_tiles(head_dim, local)) choice = default_tile_choice(local);
   bool const wide_band = choice == TileChoice::kWideBand;
   bool const short_rows = choice == TileChoice::kShortRows;
   if (head_dim <= 64) {
@@ -172,11 +176,11 @@ constexpr long long padded_rows(int rows, int tile) { return (rows + tile - 1ll)
 //   of the rows that 64-row tiles pad it to, since full 64-row tiles ran at 0.80 to 0.90 of the
 //   128-row ones without a mask (forward_tile_config): up to 64 queries and from 129 to 192.
 constexpr TileChoice tile_choice(int head_dim, bool local, int seqlen_q, int middle_row_keys) {
-  if (head_dim <= 64 && !local) {
-    return 5ll * seqlen_q >= 4 * padded_rows(seqlen_q, 192) ? TileChoice::kWideBand : TileChoice::kShortRows;
-  }
-  if (head_dim > 96 && head_dim <= 128 && 4 * padded_rows(seqlen_q, 128) > 5 * padded_rows(seqlen_q, 64)) {
-    return TileChoice::kShortRows;
+  if (has_short_row_tiles(head_dim, local)) {
+    bool const short_rows = head_dim <= 64 ? 5ll * seqlen_q < 4 * padded_rows(seqlen_q, 192)
+                                           : 4 * padded_rows(seqlen_q, 128) > 5 * padded_rows(seqlen_q, 64);
+    if (short_rows) return TileChoice::kShortRows;
+    if (head_dim <= 64) return TileChoice::kWideBand;  // d = 64 without a mask: by the rows alone
   }
   return middle_row_keys >= wide_band_keys(head_dim) ? TileChoice::kWideBand : TileChoice::kNarrowBand;
 }
