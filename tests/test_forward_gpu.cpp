@@ -621,6 +621,71 @@ INSTANTIATE_TEST_SUITE_P(
              (c.pack_gqa == flashhop::PackGqa::kOn ? "_packgqa" : "");
     });
 
+// ---- forward captured in a CUDA graph ------------------------------------------------------------
+
+// Calls captured into a CUDA graph replay like eager calls: the workspace's counters are zeroed by
+// the graph itself (a causal call: the tile queue's counter; a call with a split round: its
+// counters), with the workspace poisoned before every replay.
+struct GraphCase {
+  NamedMasking masking;
+  Problem problem;
+};
+
+using ForwardGpuGraph = GpuTestWithParam<GraphCase>;
+
+TEST_P(ForwardGpuGraph, ReplaysMatchAnEagerCall) {
+  const GraphCase& c = GetParam();
+  const ForwardPlan plan = contiguous_plan(c.problem, DType::kBFloat16);
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<float> q = random_normal(c.problem.q_elements(), DType::kBFloat16, rng);
+  const std::vector<float> k = random_normal(c.problem.k_elements(), DType::kBFloat16, rng);
+  const std::vector<float> v = random_normal(c.problem.v_elements(), DType::kBFloat16, rng);
+  const std::vector<std::vector<unsigned char>> host = host_images(plan, q, k, v);
+  std::vector<DeviceBuffer> device;
+  const std::vector<void*> bases = upload(host, &device);
+  const flashhop::ForwardArgs args = bind_args(plan, bases, /*with_lse=*/true, c.masking.masking);
+
+  const Status eager = forward_with_workspace(args, nullptr);
+  if (eager.code == StatusCode::kNotSupported) GTEST_SKIP() << eager.message;
+  ASSERT_TRUE(eager.ok()) << eager.message;
+  const std::vector<unsigned char> eager_o = device[plan.o.buffer].download();
+  const std::vector<unsigned char> eager_lse = device[plan.lse.buffer].download();
+
+  std::size_t bytes = 0;
+  ASSERT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
+  ASSERT_GT(bytes, 0u) << "the case is meant to use the workspace";
+  DeviceBuffer workspace(bytes);
+  CudaStream stream;
+  cudaGraph_t graph = nullptr;
+  cuda_check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  const Status captured = flashhop::forward(args, workspace.data(), bytes, stream.get());
+  cuda_check(cudaStreamEndCapture(stream.get(), &graph), "cudaStreamEndCapture");
+  ASSERT_TRUE(captured.ok()) << captured.message;
+  cudaGraphExec_t exec = nullptr;
+  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int replay = 0; replay < 3; ++replay) {
+    device[plan.o.buffer].upload(host[plan.o.buffer]);
+    device[plan.lse.buffer].upload(host[plan.lse.buffer]);
+    workspace.upload(std::vector<unsigned char>(bytes, 0xff));
+    cuda_check(cudaGraphLaunch(exec, stream.get()), "cudaGraphLaunch");
+    cuda_check(cudaStreamSynchronize(stream.get()), "graph replay");
+    EXPECT_TRUE(device[plan.o.buffer].download() == eager_o) << "O differs in replay " << replay;
+    EXPECT_TRUE(device[plan.lse.buffer].download() == eager_lse) << "LSE differs in replay " << replay;
+  }
+  cuda_check(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
+  cuda_check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+}
+
+INSTANTIATE_TEST_SUITE_P(Graph, ForwardGpuGraph,
+                         ::testing::Values(GraphCase{kCausal, {2, 700, 700, 16, 4, 128}},
+                                           GraphCase{kCausalWindow, {2, 1500, 1500, 8, 2, 64}},
+                                           GraphCase{kFull, {1, 100, 9000, 4, 4, 64}}),
+                         [](const ::testing::TestParamInfo<GraphCase>& info) {
+                           const GraphCase& c = info.param;
+                           return "bf16" + head_dims_name(c.problem.head_dim, c.problem.dv()) + "_" +
+                                  c.masking.name + "_sq" + std::to_string(c.problem.seqlen_q);
+                         });
+
 // ---- device checks of forward() ------------------------------------------------------------------
 
 using ForwardGpuDeviceChecks = RequiresGpu;
