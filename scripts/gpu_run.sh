@@ -25,15 +25,17 @@
 #                       when present; else CMake finds or pip-installs the headers itself)
 #   FLASHHOP_DTYPES     e.g. "bf16"   restrict the compiled kernels (default: all)
 #   FLASHHOP_HEAD_DIMS  e.g. "128"
-#   BENCH_ARGS          flashhop-bench flags (default "--sweep peers --warmup 100 --iters 500"); the bench stage
-#                       runs them twice: with --check (correctness), then timed alone for bench.json
-#   PEERS_ARGS          flags for peers_sdpa.py (default "--warmup 100 --iters 500")
+#   BENCH_ARGS          flashhop-bench flags (default "--sweep peers $TIMING"); the bench stage runs them
+#                       twice: with --check (correctness; no warm-up by time), then timed alone for bench.json
+#   PEERS_ARGS          flags for peers_sdpa.py (default "$TIMING")
+#   TIMING              warm-up and timed calls of every timed stage, flashhop and peers alike
+#                       (default "--warmup 100 --warmup-ms 2000 --iters 500")
 #   PROFILE_CONFIGS     flashhop-bench shapes for the profile stage, ';'-separated (default: the short
 #                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
-# sanitize.log, profile.log (+ profile_N.ncu-rep / .csv), sass_check.log, sass_summary.txt; and all of them again
-# in all_logs.tar.gz.
+# sanitize.log, profile.log (+ profile_N.ncu-rep / .csv), sass_check.log, sass_summary.txt, smi.csv;
+# and all of them again in all_logs.tar.gz.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -43,9 +45,12 @@ OUT=${OUT:-$root/gpu_out}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 # Long warm-up and many timed calls for flashhop and the peers alike: a 10 + 50 call window timed
 # right after the GEMM caught the GPU in a passing state that slowed short flashhop kernels by up to
-# 30% but not the peers (docs/PERFORMANCE.md).
-BENCH_ARGS=${BENCH_ARGS:---sweep peers --warmup 100 --iters 500}
-PEERS_ARGS=${PEERS_ARGS:---warmup 100 --iters 500}
+# 30% but not the peers; and the GPU, held at its power limit, keeps higher clocks for up to a
+# second after lighter work, so every configuration warms up for at least 2 s before it is timed,
+# whatever ran before it (docs/PERFORMANCE.md).
+TIMING=${TIMING:---warmup 100 --warmup-ms 2000 --iters 500}
+BENCH_ARGS=${BENCH_ARGS:---sweep peers $TIMING}
+PEERS_ARGS=${PEERS_ARGS:-$TIMING}
 PROFILE_CONFIGS=${PROFILE_CONFIGS:---batch 32 --seqlen 512 --nheads 16 --head-dim 128;--batch 32 --seqlen 512 --nheads 32 --head-dim 64 --causal;--batch 32 --seqlen 512 --nheads 16 --head-dim 128 --causal}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -70,12 +75,13 @@ note "stages: ${stages[*]}; BUILD_DIR=$BUILD_DIR SKIP_BUILD=${SKIP_BUILD:-0}"
 
 # Runs one stage function, timing it and recording its status.
 run_stage() {
-  local name=$1 start=$SECONDS
+  local name=$1 start=$SECONDS from
+  from=$(date '+%H:%M:%S')
   echo "=== $name"
   if "stage_$name"; then
-    note "stage $name: ok ($((SECONDS - start)) s)"
+    note "stage $name: ok ($((SECONDS - start)) s from $from)"
   else
-    note "stage $name: FAILED ($((SECONDS - start)) s)"
+    note "stage $name: FAILED ($((SECONDS - start)) s from $from)"
     failed=1
   fi
 }
@@ -133,7 +139,7 @@ stage_test() {
 stage_bench() {
   local log="$OUT/bench.log"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  "$BUILD_DIR/tools/flashhop-bench" $BENCH_ARGS --check >"$log" 2>&1 || { tail -40 "$log"; return 1; }
+  "$BUILD_DIR/tools/flashhop-bench" $BENCH_ARGS --check --warmup-ms 0 >"$log" 2>&1 || { tail -40 "$log"; return 1; }
   grep -cE 'check PASS' "$log" | sed 's/^/checks passed: /'
   echo "=== timing pass" >>"$log"
   # shellcheck disable=SC2086
@@ -142,22 +148,26 @@ stage_bench() {
 
 stage_features() {
   local log="$OUT/features.log"
-  "$BUILD_DIR/tools/flashhop-bench" --sweep features --warmup 100 --iters 500 --check >"$log" 2>&1 ||
+  # shellcheck disable=SC2086  # TIMING is a list of flags
+  "$BUILD_DIR/tools/flashhop-bench" --sweep features $TIMING --check --warmup-ms 0 >"$log" 2>&1 ||
     { tail -40 "$log"; return 1; }
   grep -cE 'check PASS' "$log" | sed 's/^/checks passed: /'
   echo "=== timing pass" >>"$log"
-  "$BUILD_DIR/tools/flashhop-bench" --sweep features --warmup 100 --iters 500 --json "$OUT/features.json" 2>&1 |
+  # shellcheck disable=SC2086
+  "$BUILD_DIR/tools/flashhop-bench" --sweep features $TIMING --json "$OUT/features.json" 2>&1 |
     tee -a "$log" | tail -20
 }
 
 # As stage_features, then the SDPA peers of the same shapes; the stage fails if either part does.
 stage_gqa() {
   local log="$OUT/gqa.log" status=0
-  "$BUILD_DIR/tools/flashhop-bench" --sweep gqa --warmup 100 --iters 500 --check >"$log" 2>&1 ||
+  # shellcheck disable=SC2086
+  "$BUILD_DIR/tools/flashhop-bench" --sweep gqa $TIMING --check --warmup-ms 0 >"$log" 2>&1 ||
     { tail -40 "$log"; return 1; }
   grep -cE 'check PASS' "$log" | sed 's/^/checks passed: /'
   echo "=== timing pass" >>"$log"
-  "$BUILD_DIR/tools/flashhop-bench" --sweep gqa --warmup 100 --iters 500 --json "$OUT/gqa.json" 2>&1 |
+  # shellcheck disable=SC2086
+  "$BUILD_DIR/tools/flashhop-bench" --sweep gqa $TIMING --json "$OUT/gqa.json" 2>&1 |
     tee -a "$log" | tail -20 || status=1
   local merge=()
   [[ -f $OUT/gqa.json ]] && merge=(--flashhop-json "$OUT/gqa.json")
@@ -279,6 +289,10 @@ stage_sass() {
   return "$status"
 }
 
+# The GPU's SM clock, power and temperature every 100 ms while the stages run, beside the
+# stages' start times in summary.txt: what the timings ran at.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 >"$OUT/smi.csv" 2>&1 &
+smi_pid=$!
 for stage in "${stages[@]}"; do
   if ! declare -F "stage_$stage" >/dev/null; then
     note "unknown stage '$stage' (build test bench peers features gqa sanitize profile sass)"
@@ -287,6 +301,7 @@ for stage in "${stages[@]}"; do
   fi
   run_stage "$stage"
 done
+kill "$smi_pid" 2>/dev/null
 
 echo
 cat "$summary"

@@ -9,8 +9,9 @@ twice under two names.
 
   tools/ab_bench.py [--rounds N] [--bench-args "FLAGS"] [--out DIR] NAME=BINARY [NAME=BINARY ...]
 
-FLAGS are flashhop-bench's (default: the peers sweep with 100 warm-up and 500 timed calls, as
-scripts/gpu_run.sh times it); each run writes DIR/NAME_rR.json (flashhop-bench --json) and .log.
+FLAGS are flashhop-bench's (default: the peers sweep with a warm-up of 100 calls and at least 2 s,
+then 500 timed calls, as scripts/gpu_run.sh times it); each run writes DIR/NAME_rR.json
+(flashhop-bench --json) and .log.
 A configuration that a binary was not built for (flashhop-bench reports an error) shows as "-".
 """
 import argparse
@@ -53,7 +54,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("binaries", nargs="+", type=parse_binary, metavar="NAME=BINARY")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each binary, interleaved (default 2)")
-    parser.add_argument("--bench-args", default="--sweep peers --warmup 100 --iters 500",
+    parser.add_argument("--bench-args", default="--sweep peers --warmup 100 --warmup-ms 2000 --iters 500",
                         help="flashhop-bench flags for every run")
     parser.add_argument("--out", help="folder for the runs' JSON and logs (default: a temporary one)")
     args = parser.parse_args()

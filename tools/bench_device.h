@@ -49,13 +49,22 @@ void fill_random_normal(void* data, std::int64_t count, DType dtype, std::uint64
 // never wrote stays NaN and the check finds it.
 void poison(const DeviceBuffer& buffer, cudaStream_t stream);
 
-// Runs launch(i) `warmup` times, then `iters` times with an event pair around each call, and returns
-// the median of the timed calls in milliseconds. `launch` enqueues work on `stream` and throws on error.
-double median_time_ms(const std::function<void(int)>& launch, int warmup, int iters,
-                      cudaStream_t stream);
+// How long the calls before the timed ones run: at least `calls` calls and at least `ms`
+// milliseconds of wall-clock time. A GPU held at its power limit runs faster for a while after
+// lighter work (its clocks follow the power drawn over about a second), so a warm-up by count
+// alone times short calls in whatever state the work before them left (docs/PERFORMANCE.md).
+struct WarmUp {
+  int calls = 10;
+  double ms = 0;
+};
+
+// Runs launch(i) for the warm-up, then `iters` times with an event pair around each call, and
+// returns the median of the timed calls in milliseconds. `launch` enqueues work on `stream` and
+// throws on error.
+double median_time_ms(const std::function<void(int)>& launch, WarmUp warmup, int iters, cudaStream_t stream);
 
 // The bf16 GEMM rate of cuBLAS on this device, in TFLOP/s: C = A B with n x n x n, bf16 inputs and
-// output, fp32 accumulation, random normal data, median of `iters` runs after `warmup`.
-double measure_gemm_bf16_tflops(int n, int warmup, int iters, cudaStream_t stream);
+// output, fp32 accumulation, random normal data, median of `iters` runs after the warm-up.
+double measure_gemm_bf16_tflops(int n, WarmUp warmup, int iters, cudaStream_t stream);
 
 }  // namespace flashhop::bench

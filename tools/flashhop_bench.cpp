@@ -4,8 +4,8 @@
 //
 // Method (the tool library's device/METHOD.md): random normal inputs drawn on the device, fresh for
 // every configuration; as many input sets as it takes to exceed three times the L2 cache, rotated
-// between calls, so that no timed call finds its inputs in L2; warm-up calls, then one CUDA event pair
-// around each timed call and the median. FLOPs follow FlashAttention: 2 * b * h * pairs * (d + dv),
+// between calls, so that no timed call finds its inputs in L2; warm-up calls (by count and, with
+// --warmup-ms, by time), then one CUDA event pair around each timed call and the median. FLOPs follow FlashAttention: 2 * b * h * pairs * (d + dv),
 // where pairs is sq * sk without a mask, sq * sk / 2 for the causal mask with sq == sk (the convention
 // the peers' numbers use; also when that mask is given as the window (-1, 0)), and otherwise (causal
 // with sq != sk, sliding windows) the exact count of (query, key) pairs the bottom-right aligned band
@@ -55,6 +55,7 @@ struct Options {
   std::string sweep;  // empty for a single configuration
   bool check = false;
   int warmup = 10, iters = 50;
+  double warmup_ms = 0;  // the warm-up lasts at least this long too (bench_device.h: WarmUp)
   std::string json_path;
   std::uint64_t seed = 0;
 };
@@ -82,7 +83,7 @@ const char* pack_gqa_name(PackGqa mode) {
 
 void print_usage(std::FILE* out) {
   std::fprintf(out,
-      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--iters N] [--warmup N]\n"
+      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--iters N] [--warmup N] [--warmup-ms MS]\n"
       "                      [--seed N] [--json FILE]\n"
       "Configuration (defaults in brackets):\n"
       "  --batch N [4]  --seqlen N [4096] (or --seqlen-q N --seqlen-k N)  --nheads N [16]\n"
@@ -106,6 +107,7 @@ void print_usage(std::FILE* out) {
       "Other:\n"
       "  --check           compare O and LSE with the CPU double-precision reference\n"
       "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
+      "  --warmup-ms MS [0]  the warm-up also lasts at least MS milliseconds (wall clock)\n"
       "  --seed N          seed of the random inputs [drawn at start, printed]\n"
       "  --json FILE       write every result as JSON\n"
       "Exit status: 0 when every configuration ran (and passed --check); 1 otherwise; 2 on bad flags.\n");
@@ -297,6 +299,10 @@ std::optional<Options> parse_options(int argc, char** argv) {
       const auto text = next_value();
       if (!text) return std::nullopt;
       options.warmup = std::max(0, std::atoi(text->c_str()));
+    } else if (flag == "--warmup-ms") {
+      const auto text = next_value();
+      if (!text) return std::nullopt;
+      options.warmup_ms = std::max(0.0, std::atof(text->c_str()));
     } else if (flag == "--seed") {
       const auto text = next_value();
       if (!text) return std::nullopt;
@@ -472,7 +478,7 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
       result.check = check_forward(attention_shape(c), score_options(c), host);
     }
 
-    result.ms = median_time_ms(call, options.warmup, options.iters, stream);
+    result.ms = median_time_ms(call, {options.warmup, options.warmup_ms}, options.iters, stream);
     result.tflops = forward_flops(c) / (result.ms * 1e-3) / 1e12;
     result.kv_tbps = kv_bytes(c) / (result.ms * 1e-3) / 1e12;
   } catch (const BenchError& error) {
@@ -613,7 +619,7 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
       << "},\n";
   out << "  \"sweep\": " << (options.sweep.empty() ? "null" : json_string(options.sweep)) << ",\n";
   out << "  \"seed\": " << options.seed << ", \"warmup\": " << options.warmup
-      << ", \"iters\": " << options.iters << ",\n";
+      << ", \"warmup_ms\": " << json_number(options.warmup_ms) << ", \"iters\": " << options.iters << ",\n";
   out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk without a mask, causal sq==sk: sq*sk/2, "
          "other masks: exact count of the bottom-right band\",\n";
   out << "  \"kv_bandwidth_convention\": \"b*sk*h_kv*(d+dv)*element bytes / time: K and V counted once\",\n";
@@ -686,12 +692,13 @@ int run(const Options& options) {
   std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d\n", device.name.c_str(),
               device.cc_major, device.cc_minor, device.sm_count, device.l2_bytes >> 20,
               device.runtime_version, device.driver_version);
-  std::printf("seed %llu, %d warm-up + %d timed calls per configuration, median\n",
-              (unsigned long long)options.seed, options.warmup, options.iters);
+  std::printf("seed %llu, %d warm-up calls (and at least %.0f ms) + %d timed calls per configuration, median\n",
+              (unsigned long long)options.seed, options.warmup, options.warmup_ms, options.iters);
 
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  const double gemm_tflops = measure_gemm_bf16_tflops(kGemmSize, options.warmup, options.iters, stream);
+  const double gemm_tflops =
+      measure_gemm_bf16_tflops(kGemmSize, {options.warmup, options.warmup_ms}, options.iters, stream);
   std::printf("cuBLAS bf16 GEMM %dx%dx%d: %.1f TFLOP/s (median)\n\n", kGemmSize, kGemmSize, kGemmSize,
               gemm_tflops);
 

@@ -11,10 +11,10 @@ Grids, bf16, layout (batch, seqlen, nheads, d) as flashhop takes it, handed to S
         no / yes. flashhop-bench runs each with --pack-gqa on and off; the table shows both.
 
 Method (the tool library's device/METHOD.md, as flashhop-bench): random normal inputs, as many input
-sets as it takes to exceed three times the L2 cache, rotated between calls; warm-up calls, then one
-CUDA event pair around each timed call and the median. TFLOP/s with the FlashAttention convention,
-4 * b * h * pairs * d, pairs = sq * sk, half for causal with sq == sk, else the exact count of the
-bottom-right causal band (as flashhop-bench). K/V TB/s: b * sk * h_kv * 2d * 2 bytes over the time,
+sets as it takes to exceed three times the L2 cache, rotated between calls; warm-up calls (by count
+and, with --warmup-ms, by time), then one CUDA event pair around each timed call and the median.
+TFLOP/s with the FlashAttention convention, 4 * b * h * pairs * d, pairs = sq * sk, half for causal
+with sq == sk, else the exact count of the bottom-right causal band (as flashhop-bench). K/V TB/s: b * sk * h_kv * 2d * 2 bytes over the time,
 K and V counted once (the figure that bounds decoding).
 
 Masks: flashhop's causal mask is aligned to the bottom-right corner. SDPA's is_causal is aligned to
@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import statistics
+import time
 import sys
 
 import torch
@@ -81,10 +82,23 @@ def kv_bytes(c):
     return c["batch"] * c["seqlen_k"] * c["nheads_kv"] * 2 * c["head_dim"] * 2
 
 
-def median_time_ms(launch, warmup, iters):
-    """Median of `iters` event-timed calls of launch(i) after `warmup` untimed ones."""
+def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
+    """Median of `iters` event-timed calls of launch(i) after a warm-up of at least `warmup` calls
+    and `warmup_ms` milliseconds of wall-clock time (as flashhop-bench: batches of about 50 ms of
+    calls, each waited for, after the first `warmup`)."""
+    begin = time.perf_counter()
     for i in range(warmup):
         launch(i)
+    torch.cuda.synchronize()
+    calls = warmup
+    call_ms = (time.perf_counter() - begin) * 1e3 / calls if calls else 0.0
+    batch = min(100000, max(1, int(50 / call_ms))) if call_ms > 0 else 1
+    while (time.perf_counter() - begin) * 1e3 < warmup_ms:
+        for _ in range(batch):
+            launch(calls)
+            calls += 1
+        torch.cuda.synchronize()
+    warmup = calls
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(iters)]
     for i, (start, stop) in enumerate(events):
@@ -95,10 +109,10 @@ def median_time_ms(launch, warmup, iters):
     return statistics.median(start.elapsed_time(stop) for start, stop in events)
 
 
-def gemm_tflops(warmup, iters):
+def gemm_tflops(warmup, iters, warmup_ms):
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
-    ms = median_time_ms(lambda i: torch.matmul(a, b), warmup, iters)
+    ms = median_time_ms(lambda i: torch.matmul(a, b), warmup, iters, warmup_ms)
     return 2.0 * GEMM_SIZE ** 3 / (ms * 1e-3) / 1e12
 
 
@@ -121,7 +135,7 @@ def not_matched(backend, c):
     return None
 
 
-def time_backend(backend, c, sets, warmup, iters):
+def time_backend(backend, c, sets, warmup, iters, warmup_ms):
     views = [tuple(t.transpose(1, 2) for t in qkv) for qkv in sets]  # (b, h, s, d), no copy
     if bottom_right_causal(c):
         mask = {"attn_mask": causal_lower_right(c["seqlen_q"], c["seqlen_k"])}
@@ -134,7 +148,7 @@ def time_backend(backend, c, sets, warmup, iters):
         F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, **mask)
 
     with sdpa_kernel(BACKENDS[backend]):
-        return median_time_ms(launch, warmup, iters)
+        return median_time_ms(launch, warmup, iters, warmup_ms)
 
 
 def config_key(c, pack_gqa="auto"):
@@ -216,6 +230,8 @@ def main():
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384",
                         help="subset of the peers grid's sequence lengths")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--warmup-ms", type=float, default=0.0,
+                        help="the warm-up also lasts at least this many milliseconds (wall clock)")
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
 
@@ -226,7 +242,7 @@ def main():
     l2_bytes = getattr(props, "L2_cache_size", 50 << 20)
     print(f"device: {props.name}, {props.multi_processor_count} SMs, L2 {l2_bytes >> 20} MiB; "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
-    gemm = gemm_tflops(args.warmup, args.iters)
+    gemm = gemm_tflops(args.warmup, args.iters, args.warmup_ms)
     print(f"torch.matmul bf16 {GEMM_SIZE}^3: {gemm:.1f} TFLOP/s (median)\n", flush=True)
 
     if args.sweep == "peers":
@@ -243,7 +259,7 @@ def main():
                 entry["backends"][name] = {"skipped": reason}
                 continue
             try:
-                ms = time_backend(name, c, sets, args.warmup, args.iters)
+                ms = time_backend(name, c, sets, args.warmup, args.iters, args.warmup_ms)
                 entry["backends"][name] = {"ms": ms, "tflops": forward_flops(c) / (ms * 1e-3) / 1e12,
                                            "kv_tbps": kv_bytes(c) / (ms * 1e-3) / 1e12}
             except RuntimeError as error:  # e.g. no kernel of this backend for the configuration
@@ -276,7 +292,7 @@ def main():
             json.dump({"tool": "peers_sdpa.py", "sweep": args.sweep, "device": props.name,
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version(), "gemm_bf16_tflops": gemm,
-                       "warmup": args.warmup, "iters": args.iters,
+                       "warmup": args.warmup, "warmup_ms": args.warmup_ms, "iters": args.iters,
                        "results": results}, f, indent=1)
         print(f"\nwrote {args.json}")
 
