@@ -5,14 +5,15 @@
 // Method (the tool library's device/METHOD.md): random normal inputs drawn on the device, fresh for
 // every configuration; as many input sets as it takes to exceed three times the L2 cache, rotated
 // between calls, so that no timed call finds its inputs in L2; warm-up calls (by count and, with
-// --warmup-ms, by time), then one CUDA event pair around each timed call and the median. FLOPs follow FlashAttention: 2 * b * h * pairs * (d + dv),
-// where pairs is sq * sk without a mask, sq * sk / 2 for the causal mask with sq == sk (the convention
-// the peers' numbers use; also when that mask is given as the window (-1, 0)), and otherwise (causal
-// with sq != sk, sliding windows) the exact count of (query, key) pairs the bottom-right aligned band
-// leaves visible. Soft-capping adds nothing to the count. K/V bandwidth, for every configuration: the
-// bytes of K and V, b * sk * h_kv * (d + dv) * element size, over the time, as if each were read once;
-// the figure that bounds decoding (PEERS.md), only a lower bound on the traffic where several query
-// tiles read the same K/V.
+// --warmup-ms, by time), then one CUDA event pair around each timed call and the median. FLOPs
+// follow FlashAttention: 2 * b * h * pairs * (d + dv), where pairs is sq * sk without a mask,
+// sq * sk / 2 for the causal mask with sq == sk (the convention the peers' numbers use; also when
+// that mask is given as the window (-1, 0)), and otherwise (causal with sq != sk, sliding windows)
+// the exact count of (query, key) pairs the bottom-right aligned band leaves visible. Soft-capping
+// adds nothing to the count. K/V bandwidth, for every configuration: the bytes of K and V,
+// b * sk * h_kv * (d + dv) * element size, over the time, as if each were read once; the figure
+// that bounds decoding (PEERS.md), only a lower bound on the traffic where several query tiles read
+// the same K/V.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
