@@ -98,28 +98,30 @@ void poison(const DeviceBuffer& buffer, cudaStream_t stream) {
 }
 
 double median_time_ms(const std::function<void(int)>& launch, WarmUp warmup, int iters, cudaStream_t stream) {
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point const begin = Clock::now();
-  auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - begin).count(); };
-  int calls = 0;
-  for (; calls < warmup.calls; ++calls) launch(calls);
-  // Then batches of about 50 ms of calls, each waited for, so that the host's clock follows the
-  // GPU's work; the first batch's size comes from the calls above (one call if there were none).
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after warm-up calls");
-  double const call_ms = calls > 0 ? elapsed_ms() / calls : 0;
-  int const batch = call_ms > 0 ? std::clamp(static_cast<int>(50 / call_ms), 1, 100000) : 1;
-  while (elapsed_ms() < warmup.ms) {
-    for (int j = 0; j < batch; ++j) launch(calls++);
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize during warm-up");
-  }
-  int const warmup_calls = calls;
+  // Created first, so that the GPU does not idle between the warm-up and the timed calls.
   std::vector<cudaEvent_t> events(2 * std::size_t(iters));
   for (auto& event : events) cuda_check(cudaEventCreate(&event), "cudaEventCreate");
   std::vector<float> times_ms(iters);
   try {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point const begin = Clock::now();
+    auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - begin).count(); };
+    int calls = 0;
+    for (; calls < warmup.calls; ++calls) launch(calls);
+    if (warmup.ms > 0) {
+      // Then batches of about 50 ms of calls, each waited for, so that the host's clock follows
+      // the GPU's work; the batch size comes from the calls above (one call if there were none).
+      cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after warm-up calls");
+      double const call_ms = calls > 0 ? elapsed_ms() / calls : 0;
+      int const batch = call_ms > 0 ? std::clamp(static_cast<int>(50 / call_ms), 1, 100000) : 1;
+      while (elapsed_ms() < warmup.ms) {
+        for (int j = 0; j < batch; ++j) launch(calls++);
+        cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize during warm-up");
+      }
+    }
     for (int i = 0; i < iters; ++i) {
       cuda_check(cudaEventRecord(events[2 * i], stream), "cudaEventRecord");
-      launch(warmup_calls + i);
+      launch(calls + i);
       cuda_check(cudaEventRecord(events[2 * i + 1], stream), "cudaEventRecord");
     }
     cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after timed runs");

@@ -84,26 +84,26 @@ def kv_bytes(c):
 
 def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
     """Median of `iters` event-timed calls of launch(i) after a warm-up of at least `warmup` calls
-    and `warmup_ms` milliseconds of wall-clock time (as flashhop-bench: batches of about 50 ms of
-    calls, each waited for, after the first `warmup`)."""
+    and `warmup_ms` milliseconds of wall-clock time (as flashhop-bench: then batches of about 50 ms
+    of calls, each waited for)."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(iters)]
     begin = time.perf_counter()
     for i in range(warmup):
         launch(i)
-    torch.cuda.synchronize()
     calls = warmup
-    call_ms = (time.perf_counter() - begin) * 1e3 / calls if calls else 0.0
-    batch = min(100000, max(1, int(50 / call_ms))) if call_ms > 0 else 1
-    while (time.perf_counter() - begin) * 1e3 < warmup_ms:
-        for _ in range(batch):
-            launch(calls)
-            calls += 1
+    if warmup_ms > 0:
         torch.cuda.synchronize()
-    warmup = calls
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(iters)]
+        call_ms = (time.perf_counter() - begin) * 1e3 / calls if calls else 0.0
+        batch = min(100000, max(1, int(50 / call_ms))) if call_ms > 0 else 1
+        while (time.perf_counter() - begin) * 1e3 < warmup_ms:
+            for _ in range(batch):
+                launch(calls)
+                calls += 1
+            torch.cuda.synchronize()
     for i, (start, stop) in enumerate(events):
         start.record()
-        launch(warmup + i)
+        launch(calls + i)
         stop.record()
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(stop) for start, stop in events)
