@@ -84,8 +84,8 @@ const char* pack_gqa_name(PackGqa mode) {
 
 void print_usage(std::FILE* out) {
   std::fprintf(out,
-      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--iters N] [--warmup N] [--warmup-ms MS]\n"
-      "                      [--seed N] [--json FILE]\n"
+      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--iters N] [--warmup N]\n"
+      "                      [--warmup-ms MS] [--seed N] [--json FILE]\n"
       "Configuration (defaults in brackets):\n"
       "  --batch N [4]  --seqlen N [4096] (or --seqlen-q N --seqlen-k N)  --nheads N [16]\n"
       "  --nheads-kv N [= nheads]  --head-dim N [128]  --head-dim-v N [= head dim]\n"

@@ -14,8 +14,8 @@ Method (the tool library's device/METHOD.md, as flashhop-bench): random normal i
 sets as it takes to exceed three times the L2 cache, rotated between calls; warm-up calls (by count
 and, with --warmup-ms, by time), then one CUDA event pair around each timed call and the median.
 TFLOP/s with the FlashAttention convention, 4 * b * h * pairs * d, pairs = sq * sk, half for causal
-with sq == sk, else the exact count of the bottom-right causal band (as flashhop-bench). K/V TB/s: b * sk * h_kv * 2d * 2 bytes over the time,
-K and V counted once (the figure that bounds decoding).
+with sq == sk, else the exact count of the bottom-right causal band (as flashhop-bench). K/V TB/s:
+b * sk * h_kv * 2d * 2 bytes over the time, K and V counted once (the figure that bounds decoding).
 
 Masks: flashhop's causal mask is aligned to the bottom-right corner. SDPA's is_causal is aligned to
 the top-left, the same mask when seqlen_q == seqlen_k; otherwise the FA2 backend gets
