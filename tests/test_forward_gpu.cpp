@@ -411,7 +411,7 @@ INSTANTIATE_TEST_SUITE_P(PackGqaSplit, ForwardGpuPackGqa, ::testing::ValuesIn(pa
 
 std::vector<GridCase> wide_band_cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): short queries on long keys, so that the middle
-  // row sees over wide_band_keys(d) keys (4096 at d = 64, 2048 at d = 128 and 256) while the CPU
+  // row sees over wide_band_keys(d) keys (1024 at d = 64, 2048 at d = 128 and 256) while the CPU
   // reference stays cheap; the first shape has 6 x 16 x 2 = 192 query tiles, more than an H200's
   // SMs, so the CTAs take several from the tile queue, and so has the d = 128 one of 700 queries.
   const std::vector<Problem> shapes = {{2, 1000, 5000, 16, 2, 64}, {1, 777, 4900, 3, 1, 64},

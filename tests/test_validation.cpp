@@ -501,7 +501,7 @@ TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
 
 constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
 
-// wide_band_keys(d) keys for the middle query row (without a mask: seqlen_k): 4096 at d = 64, 2048
+// wide_band_keys(d) keys for the middle query row (without a mask: seqlen_k): 1024 at d = 64, 2048
 // at d = 128 and 256; d = 64 without a mask and d = 128 take short rows by the query rows first.
 INSTANTIATE_TEST_SUITE_P(
     WideBands, ForwardParamsWideBand,
@@ -512,7 +512,11 @@ INSTANTIATE_TEST_SUITE_P(
                       WideBandCase{"causal_2k_d128", {1, 2048, 2048, 4, 4, 128}, {true}, kAutoPack, kNarrow},
                       WideBandCase{"window_2046_narrow_d128", {1, 8192, 8192, 4, 4, 128}, {false, 2046, 0}, kAutoPack,
                                    kNarrow},
-                      WideBandCase{"causal_4k", {1, 4096, 4096, 4, 4, 64}, {true}, kAutoPack, kNarrow},
+                      WideBandCase{"causal_2k", {1, 2048, 2048, 4, 4, 64}, {true}, kAutoPack, kWide},
+                      // The middle row of causal 2046 sees 1024 keys, of 2044 1023.
+                      WideBandCase{"causal_2046", {1, 2046, 2046, 4, 4, 64}, {true}, kAutoPack, kWide},
+                      WideBandCase{"causal_2044", {1, 2044, 2044, 4, 4, 64}, {true}, kAutoPack, kNarrow},
+                      WideBandCase{"causal_1k", {1, 1024, 1024, 4, 4, 64}, {true}, kAutoPack, kNarrow},
                       // The middle row (500) sees 500 + 4000 + 1 keys.
                       WideBandCase{"causal_short_queries", {1, 1000, 5000, 4, 4, 64}, {true}, kAutoPack, kWide},
                       WideBandCase{"no_mask_8k", {1, 8192, 8192, 4, 4, 64}, {}, kAutoPack, kWide},
@@ -527,8 +531,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // A window as wide as the keys is no mask.
                       WideBandCase{"window_as_wide_as_keys_d256", {1, 1024, 1024, 4, 4, 256}, {false, 1023, 1023},
                                    kAutoPack, kNarrow},
-                      WideBandCase{"window_4095_wide", {1, 16384, 16384, 4, 4, 64}, {false, 4095, 0}, kAutoPack, kWide},
-                      WideBandCase{"window_4094_narrow", {1, 16384, 16384, 4, 4, 64}, {false, 4094, 0}, kAutoPack,
+                      WideBandCase{"window_1023_wide", {1, 16384, 16384, 4, 4, 64}, {false, 1023, 0}, kAutoPack, kWide},
+                      WideBandCase{"window_1022_narrow", {1, 16384, 16384, 4, 4, 64}, {false, 1022, 0}, kAutoPack,
                                    kNarrow},
                       WideBandCase{"both_sides", {1, 16384, 16384, 4, 4, 64}, {false, 2000, 2100}, kAutoPack, kWide},
                       // Packed GQA rows keep their own tiles.

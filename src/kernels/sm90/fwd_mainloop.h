@@ -114,8 +114,10 @@ struct ForwardMainloop {
   // only on the left. Key tiles as wide as the query tile (d <= 128) are left out: on a causal
   // diagonal both warpgroups see them, only a window's left edge can leave one unseen, and the
   // check alone cost d = 128 causal 16k 1.2% (H200, same session: 645 -> 637 TFLOP/s).
+  // With three warpgroups (192 rows) the same holds on key tiles of at least 128: the first one's
+  // rows end at most 128 keys before the last one's, and so on.
   static constexpr bool kSkipUnseenTiles =
-      Mask::kIsLocal && kConsumerWarpGroups == 2 && kBlockN >= 64 && kBlockN < kBlockM;
+      Mask::kIsLocal && kConsumerWarpGroups > 1 && kBlockN >= 64 * (kConsumerWarpGroups - 1) && kBlockN < kBlockM;
   // Whether a band's masked key tiles are masked by chunks of 32 keys per warp (mask.h,
   // apply_mask_by_chunks), so that the softmax skips the chunks that hold no key of the warp's rows:
   // on a causal diagonal of 128 x 128 the upper warpgroup's warps see at most 2 of 4 chunks, and
@@ -229,7 +231,12 @@ struct ForwardMainloop {
   // decoding with 4-head groups over 8192 keys, batch 8, d = 96 / 128 / 256 +7 / +5 / +27%; 16
   // queries +6% (causal +19%). Unpacked tiles are left out (only d >= 96 with fewer than 65
   // queries has such a warpgroup there), so their kernels stay as they were.
-  static constexpr bool kSkipRowsPastEnd = kPackGqa && kConsumerWarpGroups > 1;
+  // 192-row band tiles (d = 64's wide bands, three warpgroups) skip too: they leave whole
+  // warpgroups past the last row wherever seqlen_q is not a multiple of 192. Without a mask the
+  // check lost (H200, same session, with the unseen-tile skip above: 1k to 16k -1 to -2%), so
+  // those tiles compute the padding rows.
+  static constexpr bool kSkipRowsPastEnd =
+      (kPackGqa && kConsumerWarpGroups > 1) || (Mask::kIsLocal && kConsumerWarpGroups > 2);
   // How many of consumer warpgroup `consumer`'s 64 rows of query tile m_block exist (at most 0:
   // none), and whether they all lie past the last row.
   static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, int m_block, int consumer) {

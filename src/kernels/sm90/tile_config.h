@@ -65,7 +65,10 @@ constexpr ForwardTileConfig forward_tile_config(int head_dim, bool local, TileCh
     // +7% at 16k (512 TFLOP/s); 3 stages instead of 2 changed nothing.
     // Causal and local: two warpgroups of 128 x 128; a 192-row tile wastes more of the diagonal
     // tiles. Wide bands (wide_band_keys) take the 192-row tile: H200, same session, causal, against
-    // 128 x 128: 512 -11%, 1k -16%, 2k -3%, 4k -1%, 8k +4%, 16k +3%.
+    // 128 x 128: 512 -11%, 1k -16%, 2k -3%, 4k -1%, 8k +4%, 16k +3%. Once its warpgroups skip the
+    // edge key tiles and the padding rows that they do not need (fwd_mainloop.h), another session,
+    // causal against 128 x 128: 512 -6%, 1k -3 to -4%, 2k +4%, 4k +5 to +6%; window (1024, 0) at 8k
+    // +3.5%; and against the 192-row tile without the skips, 8k and 16k +1 to +2%.
     // Softmax chains: a running max or sum over a thread's 32 columns is a chain of 32 dependent
     // instructions per row, which the two rows of a thread and the three warps of a scheduler
     // cannot hide (ncu, non-causal 16k: the fixed-latency "wait" stall the largest, 25% of the
@@ -156,10 +159,10 @@ constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b
 }
 
 // A band is wide when its middle query row sees at least this many keys (make_forward_params):
-// causal with seqlen_q = seqlen_k from 8k at d = 64, where its 192-row tiles gain, and from 4k at
+// causal with seqlen_q = seqlen_k from 2k at d = 64, where its 192-row tiles gain, and from 4k at
 // d = 256, where the 80-key tiles win back (see above), and at d = 128, where masking by chunks
 // lost at 16k; without a mask, from seqlen_k 2048 at d = 256.
-constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 4096 : 2048; }
+constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 1024 : 2048; }
 
 // `rows` rounded up to whole tiles of `tile` rows.
 constexpr long long padded_rows(int rows, int tile) { return (rows + tile - 1ll) / tile * tile; }
