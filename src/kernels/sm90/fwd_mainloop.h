@@ -233,8 +233,8 @@ struct ForwardMainloop {
   // queries has such a warpgroup there), so their kernels stay as they were.
   // 192-row band tiles (d = 64's wide bands, three warpgroups) skip too: they leave whole
   // warpgroups past the last row wherever seqlen_q is not a multiple of 192. Without a mask the
-  // check lost (H200, same session, with the unseen-tile skip above: 1k to 16k -1 to -2%), so
-  // those tiles compute the padding rows.
+  // check lost (H200, same session, non-causal seqlen 1k to 16k: -1 to -2%), so those tiles
+  // compute the padding rows.
   static constexpr bool kSkipRowsPastEnd =
       (kPackGqa && kConsumerWarpGroups > 1) || (Mask::kIsLocal && kConsumerWarpGroups > 2);
   // How many of consumer warpgroup `consumer`'s 64 rows of query tile m_block exist (at most 0:
