@@ -229,9 +229,9 @@ struct ForwardMainloop {
   // (skip_tile): with packed rows, in the last query tile of a KV head, where they are few
   // (decoding: g rows in a tile of 128). H200, same session, against computing the padding rows:
   // decoding with 4-head groups over 8192 keys, batch 8, d = 96 / 128 / 256 +7 / +5 / +27%; 16
-  // queries +6% (causal +19%). Unpacked tiles are left out (only d >= 96 with fewer than 65
-  // queries has such a warpgroup there), so their kernels stay as they were.
-  // 192-row band tiles (d = 64's wide bands, three warpgroups) skip too: they leave whole
+  // queries +6% (causal +19%). Unpacked 128-row tiles are left out (only d >= 96 with fewer than
+  // 65 queries has such a warpgroup there), so their kernels stay as they were.
+  // Unpacked 192-row band tiles (d = 64's wide bands, three warpgroups) skip: they leave whole
   // warpgroups past the last row wherever seqlen_q is not a multiple of 192. Without a mask the
   // check lost (H200, same session, non-causal seqlen 1k to 16k: -1 to -2%), so those tiles
   // compute the padding rows.
