@@ -9,7 +9,8 @@
 #     test      the gtest binary, in one process (ctest would start one process, and one CUDA
 #               context, per test), then tools/check_wgmma_operands.py on the kernels' SASS
 #     bench     flashhop-bench --sweep peers --check --json
-#     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists
+#     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists; with FA3's forward when
+#               scripts/fetch_peers.sh has put its wheel under .deps/peers (installed into BUILD_DIR)
 #     features  flashhop-bench --sweep features (windows, softcap, head dims 96 / 192), --check then timed
 #     gqa       flashhop-bench --sweep gqa (GQA decode and short queries, --pack-gqa on and off), --check
 #               then timed, and tools/peers_sdpa.py --sweep gqa merged with it (not in the default list)
@@ -170,6 +171,7 @@ stage_gqa() {
   "$BUILD_DIR/tools/flashhop-bench" --sweep gqa $TIMING --json "$OUT/gqa.json" 2>&1 |
     tee -a "$log" | tail -20 || status=1
   local merge=()
+  install_fa3
   [[ -f $OUT/gqa.json ]] && merge=(--flashhop-json "$OUT/gqa.json")
   # shellcheck disable=SC2086  # PEERS_ARGS is a list of flags
   python3 "$root/tools/peers_sdpa.py" --sweep gqa --json "$OUT/gqa_peers.json" "${merge[@]}" $PEERS_ARGS 2>&1 |
@@ -199,8 +201,25 @@ stage_sanitize() {
   return "$status"
 }
 
+# FA3's wheel from .deps/peers (scripts/fetch_peers.sh), unpacked (a wheel is a zip archive; none of its
+# listed dependencies is needed to run it but torch, which is there) into BUILD_DIR/peers-python, which
+# goes onto PYTHONPATH for the peers.
+install_fa3() {
+  local target="$root/$BUILD_DIR/peers-python" wheels=("$root"/.deps/peers/fa3_fwd-*.whl)
+  local wheel=${wheels[0]}
+  if [[ ! -f $wheel ]]; then
+    note "no FA3 wheel under .deps/peers: the FA3 column reads n/a (scripts/fetch_peers.sh fetches it)"
+    return 0
+  fi
+  [[ -d $target/fa3_fwd ]] ||
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$target" ||
+    { note "FA3 wheel $wheel did not install"; return 0; }
+  export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
+}
+
 stage_peers() {
   local merge=()
+  install_fa3
   [[ -f $OUT/bench.json ]] && merge=(--flashhop-json "$OUT/bench.json")
   # shellcheck disable=SC2086  # PEERS_ARGS is a list of flags
   python3 "$root/tools/peers_sdpa.py" --json "$OUT/peers.json" "${merge[@]}" $PEERS_ARGS 2>&1 |

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Times PyTorch scaled_dot_product_attention (cuDNN and FlashAttention-2 backends) on the grid of
-`flashhop-bench --sweep peers` or `--sweep gqa`, in the same way, and prints one side-by-side table.
+"""Times PyTorch scaled_dot_product_attention (cuDNN and FlashAttention-2 backends), and
+FlashAttention-3's forward where it is installed, on the grid of `flashhop-bench --sweep peers` or
+`--sweep gqa`, in the same way, and prints one side-by-side table.
 
 Grids, bf16, layout (batch, seqlen, nheads, d) as flashhop takes it, handed to SDPA as
 (batch, nheads, seqlen, d) views (transpose(1, 2), no copy):
@@ -23,11 +24,20 @@ causal_lower_right(sq, sk), which it runs as FA2's own causal mask (an error if 
 refuses: with sdpa_kernel(FLASH_ATTENTION) nothing else may run it), and the cuDNN backend, whose
 causal mask in SDPA is top-left only, is not run.
 
+FA3: the module `fa3_fwd_interface` of the PyPI wheel fa3-fwd (a forward-only build of
+FlashAttention-3's hopper/ sources, CUDA 13.0, PyTorch's stable ABI; scripts/fetch_peers.sh fetches
+it, scripts/gpu_run.sh installs it on the GPU machine), called as `flash_attn_func(q, k, v,
+causal=...)` on the (batch, seqlen, nheads, d) tensors; its mask is bottom-right, as flashhop's.
+Without it the FA3 column reads n/a. Each peer's output on the first input set is compared with the
+first other peer's (cuDNN, else FA2): the largest absolute difference is printed and kept in the JSON,
+so that a peer that computes something else shows.
+
 With --flashhop-json FILE (flashhop-bench --json output of the same sweep) the table gets flashhop
 columns and flashhop / best peer (in speed; for gqa, the faster of packed and unpacked). Runs on the
-GPU machine: python3 with torch, nothing else.
+GPU machine: python3 with torch (and the FA3 wheel for its column).
 """
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -39,8 +49,16 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
-BACKEND_TITLES = {"cudnn": "cuDNN", "fa2": "FA2"}
+try:
+    import fa3_fwd_interface  # FlashAttention-3's forward (wheel fa3-fwd)
+    FA3_MISSING = None
+except (ImportError, OSError) as error:
+    fa3_fwd_interface = None
+    FA3_MISSING = f"not run: FA3 not installed ({error})"
+
+SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+BACKENDS = ("cudnn", "fa2", "fa3")
+BACKEND_TITLES = {"cudnn": "cuDNN", "fa2": "FA2", "fa3": "FA3"}
 L2_MULTIPLE = 3  # rotated inputs span at least this many L2 caches
 MAX_INPUT_SETS = 64
 GEMM_SIZE = 8192
@@ -132,23 +150,50 @@ def not_matched(backend, c):
     """Why `backend` has no run of c's problem through SDPA, or None."""
     if backend == "cudnn" and bottom_right_causal(c):
         return "not run: SDPA's cuDNN causal mask is top-left only, flashhop's is bottom-right"
+    if backend == "fa3":
+        return FA3_MISSING
     return None
 
 
-def time_backend(backend, c, sets, warmup, iters, warmup_ms):
-    views = [tuple(t.transpose(1, 2) for t in qkv) for qkv in sets]  # (b, h, s, d), no copy
+def attention_call(backend, c):
+    """A function of one (q, k, v) set in flashhop's layout that runs `backend` on it and returns O as
+    (batch, seqlen_q, nheads, d); SDPA's backends run it inside backend_context(backend) only."""
+    if backend == "fa3":
+        return lambda q, k, v: fa3_fwd_interface.flash_attn_func(q, k, v, causal=c["causal"])
     if bottom_right_causal(c):
         mask = {"attn_mask": causal_lower_right(c["seqlen_q"], c["seqlen_k"])}
     else:
         mask = {"is_causal": c["causal"]}
     enable_gqa = c["nheads"] != c["nheads_kv"]
 
-    def launch(i):
-        q, k, v = views[i % len(views)]
-        F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa, **mask)
+    def sdpa(q, k, v):  # SDPA takes (b, h, s, d): transposed views, no copy
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             enable_gqa=enable_gqa, **mask)
+        return out.transpose(1, 2)
 
-    with sdpa_kernel(BACKENDS[backend]):
-        return median_time_ms(launch, warmup, iters, warmup_ms)
+    return sdpa
+
+
+def backend_context(backend):
+    return sdpa_kernel(SDPA_BACKENDS[backend]) if backend in SDPA_BACKENDS else contextlib.nullcontext()
+
+
+def time_backend(backend, c, sets, warmup, iters, warmup_ms):
+    call = attention_call(backend, c)
+    with backend_context(backend):
+        return median_time_ms(lambda i: call(*sets[i % len(sets)]), warmup, iters, warmup_ms)
+
+
+def max_differences(c, qkv, backends):
+    """Largest |O - O_ref| of each backend in `backends` on one input set, the reference being the
+    first of them; the reference itself is left out."""
+    outputs = {}
+    for name in backends:
+        with backend_context(name):
+            outputs[name] = attention_call(name, c)(*qkv).float()
+    reference = outputs[backends[0]]
+    return {name: (out - reference).abs().max().item() for name, out in outputs.items()
+            if name != backends[0]}
 
 
 def config_key(c, pack_gqa="auto"):
@@ -182,8 +227,9 @@ def peer_cell(peer, value):
 
 
 def markdown_table(results, flashhop):
-    lines = ["| d | causal | seqlen (batch) | flashhop | cuDNN | FA2 | flashhop / best peer |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| d | causal | seqlen (batch) | flashhop | " + " | ".join(BACKEND_TITLES[n] for n in BACKENDS)
+             + " | flashhop / best peer |",
+             "|---|---|---|---|" + "---|" * len(BACKENDS) + "---|"]
     for r in results:
         c = r["config"]
         peers = [r["backends"][name].get("tflops") for name in BACKENDS]
@@ -194,15 +240,15 @@ def markdown_table(results, flashhop):
         ok = ours is not None and ours["status"] == "ok"
         ratio_cell = f"{ours['tflops'] / best:.2f}" if ok and best else "-"
         lines.append(f"| {c['head_dim']} | {'yes' if c['causal'] else 'no'} | "
-                     f"{c['seqlen_q']} ({c['batch']}) | {ours_cell} | {cells[0]} | {cells[1]} | {ratio_cell} |")
+                     f"{c['seqlen_q']} ({c['batch']}) | {ours_cell} | " + " | ".join(cells) + f" | {ratio_cell} |")
     return "\n".join(lines)
 
 
 def gqa_table(results, flashhop):
     """K/V TB/s (TFLOP/s) of flashhop packed and unpacked and of each peer, one row per shape."""
-    lines = ["| seqlen_q | seqlen_k | batch | causal | flashhop packed | flashhop unpacked | cuDNN | FA2 "
-             "| flashhop / best peer |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| seqlen_q | seqlen_k | batch | causal | flashhop packed | flashhop unpacked | "
+             + " | ".join(BACKEND_TITLES[n] for n in BACKENDS) + " | flashhop / best peer |",
+             "|---|---|---|---|---|---|" + "---|" * len(BACKENDS) + "---|"]
 
     def value(r):
         return f"{r['kv_tbps']:.2f} ({r['tflops']:.0f})"
@@ -218,6 +264,13 @@ def gqa_table(results, flashhop):
         lines.append(f"| {c['seqlen_q']} | {c['seqlen_k']} | {c['batch']} | "
                      f"{'yes' if c['causal'] else 'no'} | " + " | ".join(cells) + f" | {ratio_cell} |")
     return "\n".join(lines)
+
+
+def difference_note(peer):
+    if "max_abs_diff" not in peer:
+        return ""
+    d = peer["max_abs_diff"]
+    return f" (max |O - {BACKEND_TITLES[d['against']]}| {d['value']:.2g})"
 
 
 def main():
@@ -241,7 +294,8 @@ def main():
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 50 << 20)
     print(f"device: {props.name}, {props.multi_processor_count} SMs, L2 {l2_bytes >> 20} MiB; "
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+          f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}; "
+          f"FA3: {FA3_MISSING or fa3_fwd_interface.__file__}")
     gemm = gemm_tflops(args.warmup, args.iters, args.warmup_ms)
     print(f"torch.matmul bf16 {GEMM_SIZE}^3: {gemm:.1f} TFLOP/s (median)\n", flush=True)
 
@@ -265,10 +319,15 @@ def main():
             except RuntimeError as error:  # e.g. no kernel of this backend for the configuration
                 torch.cuda.synchronize()
                 entry["backends"][name] = {"error": str(error).splitlines()[0]}
+        ran = [name for name in BACKENDS if "ms" in entry["backends"][name]]
+        if len(ran) > 1:
+            for name, difference in max_differences(c, sets[0], ran).items():
+                entry["backends"][name]["max_abs_diff"] = {"against": ran[0], "value": difference}
         del sets
         results.append(entry)
         cells = "  ".join(f"{BACKEND_TITLES[n]} " + (f"{r['ms']:.3f} ms {r['tflops']:.1f} TFLOP/s "
-                                                     f"{r['kv_tbps']:.2f} TB/s K/V" if "ms" in r
+                                                     f"{r['kv_tbps']:.2f} TB/s K/V" + difference_note(r)
+                                                     if "ms" in r
                                                      else r["skipped"] if "skipped" in r
                                                      else f"ERROR {r['error']}")
                           for n, r in entry["backends"].items())
