@@ -27,7 +27,8 @@ causal mask in SDPA is top-left only, is not run.
 FA3: the module `fa3_fwd_interface` of the PyPI wheel fa3-fwd (a forward-only build of
 FlashAttention-3's hopper/ sources, CUDA 13.0, PyTorch's stable ABI; scripts/fetch_peers.sh fetches
 it, scripts/gpu_run.sh installs it on the GPU machine), called as `flash_attn_func(q, k, v,
-causal=...)` on the (batch, seqlen, nheads, d) tensors; its mask is bottom-right, as flashhop's.
+causal=..., num_splits=0)` on the (batch, seqlen, nheads, d) tensors (K/V with their own head count
+for GQA); its mask is bottom-right, as flashhop's.
 Without it the FA3 column reads n/a. Each peer's output on the first input set is compared with the
 first other peer's (cuDNN, else FA2): the largest absolute difference is printed and kept in the JSON,
 so that a peer that computes something else shows.
@@ -159,7 +160,9 @@ def attention_call(backend, c):
     """A function of one (q, k, v) set in flashhop's layout that runs `backend` on it and returns O as
     (batch, seqlen_q, nheads, d); SDPA's backends run it inside backend_context(backend) only."""
     if backend == "fa3":
-        return lambda q, k, v: fa3_fwd_interface.flash_attn_func(q, k, v, causal=c["causal"])
+        # num_splits=0: FA3 picks the split-KV count itself (one wherever the query tiles fill the
+        # SMs, as on the whole peers grid; more for decoding), as its KV-cache entry point does.
+        return lambda q, k, v: fa3_fwd_interface.flash_attn_func(q, k, v, causal=c["causal"], num_splits=0)
     if bottom_right_causal(c):
         mask = {"attn_mask": causal_lower_right(c["seqlen_q"], c["seqlen_k"])}
     else:
