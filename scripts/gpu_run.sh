@@ -205,8 +205,9 @@ stage_sanitize() {
 # listed dependencies is needed to run it but torch, which is there) into BUILD_DIR/peers-python, which
 # goes onto PYTHONPATH for the peers.
 install_fa3() {
-  local target="$root/$BUILD_DIR/peers-python" wheels=("$root"/.deps/peers/fa3_fwd-*.whl)
+  local target wheels=("$root"/.deps/peers/fa3_fwd-*.whl)
   local wheel=${wheels[0]}
+  target=$(realpath -m "$BUILD_DIR/peers-python")
   if [[ ! -f $wheel ]]; then
     note "no FA3 wheel under .deps/peers: the FA3 column reads n/a (scripts/fetch_peers.sh fetches it)"
     return 0

@@ -28,10 +28,11 @@ FA3: the module `fa3_fwd_interface` of the PyPI wheel fa3-fwd (a forward-only bu
 FlashAttention-3's hopper/ sources, CUDA 13.0, PyTorch's stable ABI; scripts/fetch_peers.sh fetches
 it, scripts/gpu_run.sh installs it on the GPU machine), called as `flash_attn_func(q, k, v,
 causal=..., num_splits=0)` on the (batch, seqlen, nheads, d) tensors (K/V with their own head count
-for GQA); its mask is bottom-right, as flashhop's.
-Without it the FA3 column reads n/a. Each peer's output on the first input set is compared with the
-first other peer's (cuDNN, else FA2): the largest absolute difference is printed and kept in the JSON,
-so that a peer that computes something else shows.
+for GQA); its mask is bottom-right, as flashhop's. Without it the FA3 column reads n/a.
+
+Each peer's output on the first input set is compared with that of the first peer that ran (cuDNN,
+else FA2): the largest absolute difference is printed and kept in the JSON, so that a peer that
+computes something else shows.
 
 With --flashhop-json FILE (flashhop-bench --json output of the same sweep) the table gets flashhop
 columns and flashhop / best peer (in speed; for gqa, the faster of packed and unpacked). Runs on the
