@@ -99,7 +99,8 @@ struct ForwardMainloop {
   // (epilogue.h), and the walk's last step releases Q as with a buffer of its own. H200, two
   // sessions, against O in Q's buffer: seqlen 512 +5.8 / +2.4%, 1k +3.0 / +1.3%. The band kernels
   // release Q after the walk either way, so the turns only cost them (causal 512 to 2k -1.4 to
-  // -3.3%). Not with packed rows, whose stores read O from every thread.
+  // -3.3%); with every loading band tile releasing Q in the walk as well, level to -2.2% (H200,
+  // PERFORMANCE.md). Not with packed rows, whose stores read O from every thread.
   static constexpr bool kTakeTurnsO =
       !kSeparateO && kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
       kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(Element) + 2048 <= 227 * 1024;
