@@ -25,17 +25,16 @@ import peers_sdpa as P
 WARMUP, WARMUP_MS, ITERS = 100, 2000.0, 500
 
 
-def flashhop_tflops(bench, d, s, causal):
-    args = [bench, "--batch", str(16384 // s), "--seqlen", str(s), "--nheads", str(2048 // d), "--head-dim", str(d),
-            "--warmup", str(WARMUP), "--warmup-ms", str(WARMUP_MS), "--iters", str(ITERS)]
-    args += ["--causal"] if causal else []
+def flashhop_tflops(bench, c):
+    args = [bench, "--batch", str(c["batch"]), "--seqlen", str(c["seqlen_q"]), "--nheads", str(c["nheads"]),
+            "--head-dim", str(c["head_dim"]), "--warmup", str(WARMUP), "--warmup-ms", str(WARMUP_MS),
+            "--iters", str(ITERS)]
+    args += ["--causal"] if c["causal"] else []
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     return float(re.findall(r"([0-9.]+) TFLOP/s", out)[-1])  # the cell's line comes after the GEMM's
 
 
-def fa3_tflops(l2_bytes, d, s, causal):
-    c = {"batch": 16384 // s, "seqlen_q": s, "seqlen_k": s, "nheads": 2048 // d, "nheads_kv": 2048 // d,
-         "head_dim": d, "dtype": "bf16", "causal": bool(causal)}
+def fa3_tflops(l2_bytes, c):
     sets = P.input_sets(c, l2_bytes)
     ms = P.time_backend("fa3", c, sets, WARMUP, ITERS, WARMUP_MS)
     return P.forward_flops(c) / (ms * 1e-3) / 1e12
@@ -54,8 +53,8 @@ def main():
     results = {cell: {"flashhop": [], "fa3": []} for cell in cells}
     for r in range(args.rounds):
         for cell in cells:
-            runs = [("flashhop", lambda: flashhop_tflops(args.bench, *cell)),
-                    ("fa3", lambda: fa3_tflops(l2_bytes, *cell))]
+            c = P.peers_cell(cell[0], cell[1], bool(cell[2]))
+            runs = [("flashhop", lambda: flashhop_tflops(args.bench, c)), ("fa3", lambda: fa3_tflops(l2_bytes, c))]
             for name, run in (runs if r % 2 == 0 else runs[::-1]):
                 results[cell][name].append(run())
             print(f"round {r + 1} d {cell[0]} s {cell[1]} causal {cell[2]}: flashhop "
