@@ -104,7 +104,7 @@ void print_usage(std::FILE* out) {
       "                    decode (seqlen_q 1) batch 64 x seqlen_k 32768 and batch 8 x 8192; seqlen_q\n"
       "                    16 and 128, seqlen_k 8192, batch 8, causal no/yes\n"
       "                    With a sweep, --head-dim N and --causal keep only its configurations with\n"
-      "                    that head dim, or causal ones\n"
+      "                    that head dim, or causal ones, and --no-mask those without a mask\n"
       "Other:\n"
       "  --check           compare O and LSE with the CPU double-precision reference\n"
       "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
@@ -200,6 +200,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
   std::optional<int> seqlen, seqlen_q, seqlen_k, nheads_kv, head_dim_v;
   bool head_dim_given = false;
   bool seed_given = false;
+  bool no_mask = false;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     std::optional<std::string> value;
@@ -260,6 +261,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
       }
     } else if (flag == "--causal") {
       config.causal = true;
+    } else if (flag == "--no-mask") {
+      no_mask = true;
     } else if (flag == "--window-left") {
       if (!int_at_least(-1, &config.window_left)) return std::nullopt;
     } else if (flag == "--window-right") {
@@ -329,7 +332,9 @@ std::optional<Options> parse_options(int argc, char** argv) {
                       : options.sweep == "features" ? features_sweep()
                                                     : gqa_sweep();
     const auto unselected = [&](const Config& c) {
-      return (head_dim_given && c.head_dim != config.head_dim) || (config.causal && !c.causal);
+      bool const masked = c.causal || c.window_left >= 0 || c.window_right >= 0;
+      return (head_dim_given && c.head_dim != config.head_dim) || (config.causal && !c.causal) ||
+             (no_mask && masked);
     };
     options.configs.erase(std::remove_if(options.configs.begin(), options.configs.end(), unselected),
                           options.configs.end());
