@@ -15,7 +15,8 @@
 #     gqa       flashhop-bench --sweep gqa (GQA decode and short queries, --pack-gqa on and off), --check
 #               then timed, and tools/peers_sdpa.py --sweep gqa merged with it (not in the default list)
 #     sanitize  compute-sanitizer memcheck and racecheck on a subset of the GPU tests
-#     profile   ncu of the configurations in PROFILE_CONFIGS (not in the default list)
+#     profile   ncu of the configurations in PROFILE_CONFIGS, flashhop's and, with the FA3 wheel,
+#               FA3's (tools/fa3_launch.py) (not in the default list)
 #     sass      cuobjdump --dump-sass of the kernel objects: instruction counts; ptxas -v lines
 # Environment:
 #   OUT                 where the logs go (set on the device machine; default ./gpu_out)
@@ -231,27 +232,37 @@ stage_peers() {
 # each configuration in PROFILE_CONFIGS (flashhop-bench flags, ';'-separated): throughput, pipe
 # use, stall reasons and memory traffic in profile.log; per-instruction stall sampling in
 # profile_N.csv (ncu's source page), summarised into profile.log by tools/sass_hotspots.py; the
-# reports themselves as profile_N.ncu-rep.
+# reports themselves as profile_N.ncu-rep. Where the FA3 wheel is installed (install_fa3), FA3's
+# forward on the same configuration (tools/fa3_launch.py) likewise, as profile_N_fa3.
 stage_profile() {
-  local log="$OUT/profile.log" status=0 config configs n=0
+  local log="$OUT/profile.log" status=0 config configs n=0 fa3=0
   command -v ncu >/dev/null || { note "ncu not found: no profile"; return 1; }
+  install_fa3
+  python3 -c 'import fa3_fwd_interface' 2>/dev/null && fa3=1
   : >"$log"
+  # Profiles the 11th launch of the kernels matching $2 in the command $3...; reports under $1.
+  profile_launch() {
+    local report=$1 kernel=$2
+    shift 2
+    ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 10 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
+      --import-source yes -f -o "$report" "$@" >>"$log" 2>&1 || return 1
+    ncu --import "$report.ncu-rep" --page details >>"$log" 2>&1 || return 1
+    ncu --import "$report.ncu-rep" --page source --csv --print-source sass >"$report.csv" 2>>"$log" &&
+      python3 "$root/tools/sass_hotspots.py" "$report.csv" >>"$log" 2>&1
+  }
   IFS=';' read -ra configs <<<"$PROFILE_CONFIGS"
   for config in "${configs[@]}"; do
     n=$((n + 1))
     echo "### $n: flashhop-bench $config" | tee -a "$log"
-    local report="$OUT/profile_$n"
     # shellcheck disable=SC2086  # config is a list of flags
-    if ncu --clock-control none --kernel-name regex:forward_kernel --launch-skip 10 --launch-count 1 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
-      --import-source yes -f -o "$report" \
-      "$BUILD_DIR/tools/flashhop-bench" $config --warmup 20 --iters 5 >>"$log" 2>&1; then
-      ncu --import "$report.ncu-rep" --page details >>"$log" 2>&1 || status=1
-      ncu --import "$report.ncu-rep" --page source --csv --print-source sass >"$report.csv" 2>>"$log" &&
-        python3 "$root/tools/sass_hotspots.py" "$report.csv" >>"$log" 2>&1 || status=1
-    else
+    profile_launch "$OUT/profile_$n" forward_kernel "$BUILD_DIR/tools/flashhop-bench" $config --warmup 20 --iters 5 ||
       status=1
+    if [[ $fa3 -eq 1 ]]; then
+      echo "### $n: FA3 (tools/fa3_launch.py) $config" | tee -a "$log"
+      # shellcheck disable=SC2086
+      profile_launch "$OUT/profile_${n}_fa3" device_kernel python3 "$root/tools/fa3_launch.py" $config || status=1
     fi
   done
   grep -E '^### |Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|^stall reasons' \
