@@ -332,7 +332,7 @@ std::optional<Options> parse_options(int argc, char** argv) {
                       : options.sweep == "features" ? features_sweep()
                                                     : gqa_sweep();
     const auto unselected = [&](const Config& c) {
-      bool const masked = c.causal || c.window_left >= 0 || c.window_right >= 0;
+      const bool masked = c.causal || c.window_left >= 0 || c.window_right >= 0;
       return (head_dim_given && c.head_dim != config.head_dim) || (config.causal && !c.causal) ||
              (no_mask && masked);
     };
