@@ -36,7 +36,7 @@
 #                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
-# sanitize.log, profile.log (+ profile_N.ncu-rep / .csv), sass_check.log, sass_summary.txt, smi.csv;
+# sanitize.log, profile.log (+ profile_N[_fa3].ncu-rep / .csv), sass_check.log, sass_summary.txt, smi.csv;
 # and all of them again in all_logs.tar.gz.
 # A failed stage is recorded and the next one still runs; the exit status is non-zero if any failed.
 set -uo pipefail
