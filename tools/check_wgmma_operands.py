@@ -233,6 +233,23 @@ def disassembler(given):
     return cuobjdump, environment
 
 
+def dump_listings(paths, given):
+    """(0, [each file's `cuobjdump --dump-sass` lines]); (SKIPPED, []) without a disassembler and
+    (2, []) when a dump fails, each said why."""
+    tools = disassembler(given)
+    if tools is None:
+        return SKIPPED, []
+    cuobjdump, environment = tools
+    listings = []
+    for path in paths:
+        dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True, env=environment)
+        if dump.returncode != 0:
+            print(f"{cuobjdump} --dump-sass {path} failed: {dump.stderr.strip()}", file=sys.stderr)
+            return 2, []
+        listings.append(dump.stdout.splitlines())
+    return 0, listings
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cuobjdump", help="the cuobjdump to use (default: found on PATH, beside nvcc or "
@@ -250,16 +267,11 @@ def main():
             with open(path) as listing:
                 total += check_listing(listing)
         return 1 if total else 0
-    tools = disassembler(args.cuobjdump)
-    if tools is None:
-        return SKIPPED
-    cuobjdump, environment = tools
-    for path in args.files:
-        dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True, env=environment)
-        if dump.returncode != 0:
-            print(f"{cuobjdump} --dump-sass {path} failed: {dump.stderr.strip()}", file=sys.stderr)
-            return 2
-        total += check_listing(dump.stdout.splitlines())
+    status, listings = dump_listings(args.files, args.cuobjdump)
+    if status:
+        return status
+    for listing in listings:
+        total += check_listing(listing)
     return 1 if total else 0
 
 

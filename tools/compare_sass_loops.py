@@ -9,8 +9,8 @@ this tool says whether the loops it did not mean to touch kept their schedule.
 For each kernel function present in both files (objects, archives or executables, through
 `cuobjdump --dump-sass`; or saved listings with --sass), the loops are the spans from a backward
 branch's target to the branch, of --min to --max instructions; they are paired in address order.
-Each pair gets the ratio of the instruction sequences that Python's difflib finds alike (opcode,
-predicate and operands, registers included): 1.000 is the same schedule. Exit status: 0, 2 on
+Each pair gets the ratio of the instruction sequences that Python's difflib finds alike (opcode
+and operands, registers included, and whether predicated): 1.000 is the same schedule. Exit status: 0, 2 on
 usage errors, 77 (skipped) when no cuobjdump or nvdisasm can be found.
 
 Usage: compare_sass_loops.py [--cuobjdump PATH] [--min N] [--max N] FILE_A FILE_B
@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 
-from check_wgmma_operands import SKIPPED, disassembler, parse_functions
+from check_wgmma_operands import dump_listings, parse_functions
 
 TARGET = re.compile(r"^0x[0-9a-f]+$")
 
@@ -93,22 +93,15 @@ def main():
     if args.min < 2 or args.max < args.min:
         print(f"--min {args.min} / --max {args.max}: expected 2 <= min <= max", file=sys.stderr)
         return 2
-    listings = []
     if args.sass:
+        listings = []
         for path in args.files:
             with open(path) as listing:
                 listings.append(listing.read().splitlines())
     else:
-        tools = disassembler(args.cuobjdump)
-        if tools is None:
-            return SKIPPED
-        cuobjdump, environment = tools
-        for path in args.files:
-            dump = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True, env=environment)
-            if dump.returncode != 0:
-                print(f"{cuobjdump} --dump-sass {path} failed: {dump.stderr.strip()}", file=sys.stderr)
-                return 2
-            listings.append(dump.stdout.splitlines())
+        status, listings = dump_listings(args.files, args.cuobjdump)
+        if status:
+            return status
     compare(listings[0], listings[1], args.min, args.max)
     return 0
 
