@@ -10,8 +10,8 @@ For each kernel function present in both files (objects, archives or executables
 `cuobjdump --dump-sass`; or saved listings with --sass), the loops are the spans from a backward
 branch's target to the branch, of --min to --max instructions; they are paired in address order.
 Each pair gets the ratio of the instruction sequences that Python's difflib finds alike (opcode
-and operands, registers included, and whether predicated): 1.000 is the same schedule. Exit status: 0, 2 on
-usage errors, 77 (skipped) when no cuobjdump or nvdisasm can be found.
+and operands, registers included, and whether predicated): 1.000 is the same schedule. Exit
+status: 0, 2 on usage errors, 77 (skipped) when no cuobjdump or nvdisasm can be found.
 
 Usage: compare_sass_loops.py [--cuobjdump PATH] [--min N] [--max N] FILE_A FILE_B
        compare_sass_loops.py --sass LISTING_A LISTING_B
