@@ -9,9 +9,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import check_wgmma_operands as checker  # noqa: E402
 
 
-def listing(*instructions):
+def listing(*instructions, name="kernel"):
     """A cuobjdump-style listing of one function, instructions 16 bytes apart from 0."""
-    lines = ["\t\tFunction : kernel"]
+    lines = [f"\t\tFunction : {name}"]
     for i, text in enumerate(instructions):
         lines.append(f"        /*{i * 16:04x}*/                   {text} ;   /* 0x0000000000000000 */")
     return lines

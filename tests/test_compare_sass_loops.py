@@ -7,14 +7,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 import compare_sass_loops as tool  # noqa: E402
-
-
-def listing(*instructions, name="kernel"):
-    """A cuobjdump-style listing of one function, instructions 16 bytes apart from 0."""
-    lines = [f"\t\tFunction : {name}"]
-    for i, text in enumerate(instructions):
-        lines.append(f"        /*{i * 16:04x}*/                   {text} ;   /* 0x0000000000000000 */")
-    return lines
+from test_check_wgmma_operands import listing  # noqa: E402
 
 
 BODY = ["FFMA R4, R5, R6, R7", "MUFU.EX2 R8, R4", "FMNMX R9, R8, R9, !PT", "F2FP.BF16.F32.PACK_AB R10, R8, R9"]
