@@ -278,14 +278,21 @@ struct ForwardKernel {
         clear(o_accum);
         constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
         OnlineSoftmax<kRows, Mainloop::kTile.softmax_chains> softmax(params.mainloop.score_scale_log2);
+        // The rows' LSE, and O normalised: by the mainloop where it finalizes under its last P V
+        // (kTotalsUnderLastPV), else after the branch below (inside it, ptxas would move the
+        // finalize above the last P V's wait).
+        typename decltype(softmax)::RowValues lse;
+        auto const finalize = [&] { lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale); };
         if (!blocks.empty()) {
           Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, q_full_phase, pipeline_k,
-                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks, q_read_done);
+                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks, q_read_done,
+                        lse);
           q_full_phase ^= 1;
         } else {
           q_read_done();
+          if constexpr (Mainloop::kTotalsUnderLastPV) finalize();
         }
-        auto lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale);
+        if constexpr (!Mainloop::kTotalsUnderLastPV) finalize();
         if constexpr (kSplitRound) {
           // A part of a split tile: unless it is the tile's first part in key order, which takes
           // over the merged O and LSE of all parts, it stores nothing.

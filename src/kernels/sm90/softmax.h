@@ -85,7 +85,7 @@ struct OnlineSoftmax {
   float scale_log2;   // score scale * log2(e)
   float max_slack;    // kMaxSlackLog2 in raw-score units
   RowValues row_max;  // the max subtracted before exp: within max_slack below the running max of the raw scores
-  RowValues row_sum;  // running sum of exp, this thread's columns only (reduced in finalize)
+  RowValues row_sum;  // running sum of exp, this thread's columns only (reduced in totals)
 
   CUTLASS_DEVICE explicit OnlineSoftmax(float score_scale_log2)
       : scale_log2(score_scale_log2), max_slack(kMaxSlackLog2 / score_scale_log2) {
@@ -214,23 +214,33 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises O by the row sums and returns the natural-log LSE per row; score_scale is the scale
-  // whose log2(e) multiple this softmax was built with. A row that saw no key gets O = 0 and
-  // LSE = -inf.
-  template <class Accum>
-  CUTLASS_DEVICE RowValues finalize(Accum&& o, float score_scale) {
+  // What normalising O takes, per row: 1 / sum and the natural-log LSE; score_scale is the scale
+  // whose log2(e) multiple this softmax was built with. A row that saw no key gets 0 and -inf.
+  // Reads only the row statistics, so that the mainloop can compute them while the tensor cores
+  // run the tile's last P V (fwd_mainloop.h, kTotalsUnderLastPV).
+  struct RowTotals {
+    RowValues inv_sum, lse;
+  };
+  CUTLASS_DEVICE RowTotals totals(float score_scale) const {
     constexpr float kLn2 = 0.6931471805599453f;
-    RowValues lse, inv_sum;
+    RowTotals out;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
       float const sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
       bool const empty = !(sum > 0.f);
-      inv_sum[m] = empty ? 0.f : fast_reciprocal(sum);
-      lse[m] = empty ? -cutlass::platform::numeric_limits<float>::infinity()
-                     : row_max[m] * score_scale + fast_log2(sum) * kLn2;
+      out.inv_sum[m] = empty ? 0.f : fast_reciprocal(sum);
+      out.lse[m] = empty ? -cutlass::platform::numeric_limits<float>::infinity()
+                         : row_max[m] * score_scale + fast_log2(sum) * kLn2;
     }
-    rescale(o, inv_sum);
-    return lse;
+    return out;
+  }
+
+  // Normalises O (rows, cols) by the row sums and returns the LSE per row (as totals).
+  template <class Accum>
+  CUTLASS_DEVICE RowValues finalize(Accum&& o, float score_scale) const {
+    RowTotals const rows = totals(score_scale);
+    rescale(o, rows.inv_sum);
+    return rows.lse;
   }
 };
 
