@@ -164,4 +164,23 @@ TEST(TileConfigSelection, ShortQueryRowsAtHeadDim128) {
   }
 }
 
+TEST(TileConfigSelection, SoftcapPerKernelOnlyForHeadDim64WithoutMaskOn192Rows) {
+  // launch_forward compiles two kernels, one per soft-capping choice, only for d = 64's unmasked
+  // 192-row tiles; every other configuration branches on softcap in one kernel.
+  using flashhop::sm90::softcap_per_kernel;
+  EXPECT_TRUE(softcap_per_kernel(64, false, kWide, false));
+  EXPECT_EQ(forward_tile_config(64, false, kWide, false).block_m, 192);
+  for (int head_dim : {64, 96, 128, 192, 256}) {
+    for (bool local : {false, true}) {
+      for (TileChoice choice : kChoices) {
+        for (bool pack : {false, true}) {
+          if (head_dim == 64 && !local && choice == kWide && !pack) continue;
+          EXPECT_FALSE(softcap_per_kernel(head_dim, local, choice, pack))
+              << head_dim << " local " << local << " choice " << static_cast<int>(choice) << " pack " << pack;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -3,15 +3,17 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/sm90/fwd_kernel.h"
 #include "kernels/sm90/fwd_launch.h"
 
 namespace flashhop::sm90 {
 
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa, TileChoice kTileChoice>
-Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
-  using Mainloop = ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa, kTileChoice>;
+// Launches the forward kernel of one mainloop.
+template <class Mainloop>
+Status launch_kernel(detail::ForwardParams const& p, cudaStream_t stream) {
+  using Mask = typename Mainloop::Mask;
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 
@@ -55,6 +57,23 @@ Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
     return {StatusCode::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err)};
   }
   return Status::success();
+}
+
+// One configuration's kernel, or where it has one per soft-capping choice (softcap_per_kernel),
+// the kernel of the call's choice.
+template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa, TileChoice kTileChoice>
+Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
+  auto launch = [&](auto softcap_choice) {
+    return launch_kernel<ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa, kTileChoice,
+                                         decltype(softcap_choice)::value>>(p, stream);
+  };
+  using Choice = SoftcapChoice;
+  if constexpr (softcap_per_kernel(kHeadDim, Mask::kIsLocal, kTileChoice, kPackGqa)) {
+    if (p.softcap > 0.f) return launch(std::integral_constant<Choice, Choice::kSoftcap>{});
+    return launch(std::integral_constant<Choice, Choice::kNone>{});
+  } else {
+    return launch(std::integral_constant<Choice, Choice::kAtRunTime>{});
+  }
 }
 
 }  // namespace flashhop::sm90

@@ -20,7 +20,8 @@
 
 namespace flashhop::sm90 {
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_, TileChoice kTileChoice_>
+template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_, TileChoice kTileChoice_,
+          SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime>
 struct ForwardMainloop {
   using Element = Element_;
   using Mask = Mask_;
@@ -28,6 +29,9 @@ struct ForwardMainloop {
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
+  // Whether this kernel branches on params.softcap or serves one soft-capping choice alone
+  // (softcap_per_kernel; launch_forward launches it only for calls of that choice).
+  static constexpr SoftcapChoice kSoftcapChoice = kSoftcapChoice_;
   static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kTileChoice_, kPackGqa);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -436,8 +440,19 @@ struct ForwardMainloop {
         return row_offset + get<0>(coords(m, 0));
       }
     };
-    // The kept scores of key tile n_block: soft-capped, then masked. `softcap` is params.softcap,
-    // as a uniform branch (bool) or known at compile time (true_type / false_type).
+    // Whether the scores are soft-capped: params.softcap, a uniform branch (bool), or known at
+    // compile time (true_type / false_type) where the kernel serves one choice.
+    auto const softcapped = [&] {
+      if constexpr (kSoftcapChoice == SoftcapChoice::kNone) {
+        return false_type{};
+      } else if constexpr (kSoftcapChoice == SoftcapChoice::kSoftcap) {
+        return true_type{};
+      } else {
+        return params.softcap;
+      }
+    };
+    // The kept scores of key tile n_block: soft-capped, then masked. `softcap` as softcapped()
+    // returns it, or known at compile time in a loop compiled per choice.
     auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask, auto softcap) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
       if (softcap) apply_softcap(scores, params.softcap_prescale);
@@ -493,13 +508,13 @@ struct ForwardMainloop {
     // machine code as before the chunks).
     if constexpr (kMaskByChunks) {
       if (needs_mask(n_block)) {
-        softmax_update(/*is_first=*/true_type{}, s_first, n_block, true_type{}, params.softcap);
+        softmax_update(/*is_first=*/true_type{}, s_first, n_block, true_type{}, softcapped());
       } else {
-        softmax_update(/*is_first=*/true_type{}, s_first, n_block, false_type{}, params.softcap);
+        softmax_update(/*is_first=*/true_type{}, s_first, n_block, false_type{}, softcapped());
       }
     } else {
-      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{}, params.softcap)
-                                          : scores_of(s_first, n_block, false_type{}, params.softcap);
+      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{}, softcapped())
+                                          : scores_of(s_first, n_block, false_type{}, softcapped());
       softmax.template update</*kIsFirst=*/true>(scores);
     }
     convert_fragment_into(s_first, p_regs);
@@ -593,21 +608,23 @@ struct ForwardMainloop {
       for (; n_block >= blocks.begin; --n_block) {
         if (n_block == first_block) continue;
         if (needs_mask(n_block)) {
-          edge_step(n_block, params.softcap);
+          edge_step(n_block, softcapped());
         } else {
-          step(n_block, false_type{}, params.softcap);
+          step(n_block, false_type{}, softcapped());
         }
       }
     } else if constexpr (kHeadDim > 128 || (Mask::kIsLocal && kHeadDim <= 64)) {
-      walk(params.softcap);
+      walk(softcapped());
     } else if constexpr (Mask::kIsLocal) {
-      right_edge(params.softcap);
-      if (params.softcap) {
+      right_edge(softcapped());
+      if (softcapped()) {
         whole_tiles(true_type{});
       } else {
         whole_tiles(false_type{});
       }
-      left_edge(params.softcap);
+      left_edge(softcapped());
+    } else if constexpr (kSoftcapChoice != SoftcapChoice::kAtRunTime) {
+      walk(softcapped());
     } else if (params.softcap) {
       walk(true_type{});
     } else {

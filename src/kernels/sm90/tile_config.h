@@ -158,6 +158,20 @@ constexpr bool operator==(ForwardTileConfig const& a, ForwardTileConfig const& b
          a.mask_by_chunks == b.mask_by_chunks;
 }
 
+// How a kernel takes the call's soft-capping (softcap > 0): one kernel for both, which branches
+// on it per tile walk, or a kernel per choice that holds only that choice's code (launch_forward
+// picks by the call's softcap).
+enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
+
+// Whether a configuration compiles a kernel per soft-capping choice (two kernels in its file):
+// d = 64 without a mask on 192-row tiles, whose walk loops, with both choices compiled in one
+// kernel, ran 1 to 3% slower without soft-capping (H200, PERFORMANCE.md, forty-second session:
+// a build without soft-capping code, 4 rounds, seqlen 512 +1.2%, 1k and 2k +3.3%, 4k to 16k +1.7
+// to +2.2%) than in a kernel of their own. The other kernels timed level without it.
+constexpr bool softcap_per_kernel(int head_dim, bool local, TileChoice choice, bool pack_gqa) {
+  return head_dim <= 64 && !local && !pack_gqa && choice == TileChoice::kWideBand;
+}
+
 // A band is wide when its middle query row sees at least this many keys (make_forward_params):
 // causal with seqlen_q = seqlen_k from 2k at d = 64, where its 192-row tiles gain, and from 4k at
 // d = 256, where the 80-key tiles win back (see above), and at d = 128, where masking by chunks
