@@ -164,17 +164,20 @@ TEST(TileConfigSelection, ShortQueryRowsAtHeadDim128) {
   }
 }
 
-TEST(TileConfigSelection, SoftcapPerKernelOnlyForHeadDim64WithoutMaskOn192Rows) {
+TEST(TileConfigSelection, SoftcapPerKernelOnlyForHeadDims64And128WithoutMaskOnTallTiles) {
   // launch_forward compiles two kernels, one per soft-capping choice, only for d = 64's unmasked
-  // 192-row tiles; every other configuration branches on softcap in one kernel.
+  // 192-row tiles and d = 128's unmasked 128-row tiles; every other configuration branches on
+  // softcap in one kernel.
   using flashhop::sm90::softcap_per_kernel;
   EXPECT_TRUE(softcap_per_kernel(64, false, kWide, false));
   EXPECT_EQ(forward_tile_config(64, false, kWide, false).block_m, 192);
+  EXPECT_TRUE(softcap_per_kernel(128, false, kWide, false));
+  EXPECT_EQ(forward_tile_config(128, false, kWide, false).block_m, 128);
   for (int head_dim : {64, 96, 128, 192, 256}) {
     for (bool local : {false, true}) {
       for (TileChoice choice : kChoices) {
         for (bool pack : {false, true}) {
-          if (head_dim == 64 && !local && choice == kWide && !pack) continue;
+          if ((head_dim == 64 || head_dim == 128) && !local && choice == kWide && !pack) continue;
           EXPECT_FALSE(softcap_per_kernel(head_dim, local, choice, pack))
               << head_dim << " local " << local << " choice " << static_cast<int>(choice) << " pack " << pack;
         }
