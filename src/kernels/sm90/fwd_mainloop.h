@@ -624,7 +624,7 @@ struct ForwardMainloop {
       }
       left_edge(softcapped());
     } else if constexpr (kSoftcapChoice != SoftcapChoice::kAtRunTime) {
-      walk(softcapped());
+      walk(softcapped());  // a kernel of one soft-capping choice: that choice's loops alone
     } else if (params.softcap) {
       walk(true_type{});
     } else {

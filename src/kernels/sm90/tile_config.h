@@ -169,8 +169,9 @@ enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
 // a build without soft-capping code, 4 rounds, seqlen 512 +1.2%, 1k and 2k +3.3%, 4k to 16k +1.7
 // to +2.2%) than in a kernel of their own; and d = 128 without a mask on 128-row tiles (H200,
 // forty-third session, 4 rounds against one kernel for both: 16k +2.8% in every round, 8k +0.7%,
-// 4k +0.4%, 2k / 1k / 512 -0.6 / -0.4 / -1.0%; soft-capped 1k / 8k +0.9 / +1.9%). The other
-// kernels timed level with a kernel per choice (forty-third session).
+// 4k +0.4%, 2k / 1k / 512 -0.6 / -0.4 / -1.0%; soft-capped 1k / 8k +0.9 / +1.9%). d = 256's
+// kernels and the band kernels of d = 64 and 128 timed level with a kernel per choice (same
+// session); d = 96 and 192 were not timed.
 constexpr bool softcap_per_kernel(int head_dim, bool local, TileChoice choice, bool pack_gqa) {
   bool const own_kernels = head_dim <= 64 || (head_dim > 96 && head_dim <= 128);
   return own_kernels && !local && !pack_gqa && choice == TileChoice::kWideBand;
