@@ -55,6 +55,7 @@ struct Options {
   std::vector<Config> configs;
   std::string sweep;  // empty for a single configuration
   bool check = false;
+  bool lse = true;  // the timed calls write LSE (--no-lse: they pass none, as an inference call would)
   int warmup = 10, iters = 50;
   double warmup_ms = 0;  // the warm-up lasts at least this long too (bench_device.h: WarmUp)
   std::string json_path;
@@ -84,7 +85,7 @@ const char* pack_gqa_name(PackGqa mode) {
 
 void print_usage(std::FILE* out) {
   std::fprintf(out,
-      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--iters N] [--warmup N]\n"
+      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--no-lse] [--iters N] [--warmup N]\n"
       "                      [--warmup-ms MS] [--seed N] [--json FILE]\n"
       "Configuration (defaults in brackets):\n"
       "  --batch N [4]  --seqlen N [4096] (or --seqlen-q N --seqlen-k N)  --nheads N [16]\n"
@@ -107,6 +108,7 @@ void print_usage(std::FILE* out) {
       "                    that head dim, or causal ones, and --no-mask those without a mask\n"
       "Other:\n"
       "  --check           compare O and LSE with the CPU double-precision reference\n"
+      "  --no-lse          the timed calls pass no LSE output (the checked call still writes it)\n"
       "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
       "  --warmup-ms MS [0]  the warm-up also lasts at least MS milliseconds (wall clock)\n"
       "  --seed N          seed of the random inputs [drawn at start, printed]\n"
@@ -297,6 +299,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
       options.sweep = *text;
     } else if (flag == "--check") {
       options.check = true;
+    } else if (flag == "--no-lse") {
+      options.lse = false;
     } else if (flag == "--iters") {
       if (!positive_int(&options.iters)) return std::nullopt;
     } else if (flag == "--warmup") {
@@ -483,6 +487,9 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
       host.lse = copy_to_host<float>(sets[0].lse);
       result.check = check_forward(attention_shape(c), score_options(c), host);
     }
+    if (!options.lse) {
+      for (InputSet& set : sets) set.args.lse.reset();
+    }
 
     result.ms = median_time_ms(call, {options.warmup, options.warmup_ms}, options.iters, stream);
     result.tflops = forward_flops(c) / (result.ms * 1e-3) / 1e12;
@@ -625,7 +632,8 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
       << "},\n";
   out << "  \"sweep\": " << (options.sweep.empty() ? "null" : json_string(options.sweep)) << ",\n";
   out << "  \"seed\": " << options.seed << ", \"warmup\": " << options.warmup
-      << ", \"warmup_ms\": " << json_number(options.warmup_ms) << ", \"iters\": " << options.iters << ",\n";
+      << ", \"warmup_ms\": " << json_number(options.warmup_ms) << ", \"iters\": " << options.iters
+      << ", \"lse\": " << (options.lse ? "true" : "false") << ",\n";
   out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk without a mask, causal sq==sk: sq*sk/2, "
          "other masks: exact count of the bottom-right band\",\n";
   out << "  \"kv_bandwidth_convention\": \"b*sk*h_kv*(d+dv)*element bytes / time: K and V counted once\",\n";
@@ -698,8 +706,10 @@ int run(const Options& options) {
   std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d\n", device.name.c_str(),
               device.cc_major, device.cc_minor, device.sm_count, device.l2_bytes >> 20,
               device.runtime_version, device.driver_version);
-  std::printf("seed %llu, %d warm-up calls (and at least %.0f ms) + %d timed calls per configuration, median\n",
-              (unsigned long long)options.seed, options.warmup, options.warmup_ms, options.iters);
+  std::printf("seed %llu, %d warm-up calls (and at least %.0f ms) + %d timed calls per configuration, median; "
+              "LSE %s\n",
+              (unsigned long long)options.seed, options.warmup, options.warmup_ms, options.iters,
+              options.lse ? "written" : "not written by the timed calls");
 
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");

@@ -30,6 +30,11 @@ it, scripts/gpu_run.sh installs it on the GPU machine), called as `flash_attn_fu
 causal=..., num_splits=0)` on the (batch, seqlen, nheads, d) tensors (K/V with their own head count
 for GQA); its mask is bottom-right, as flashhop's. Without it the FA3 column reads n/a.
 
+cuDNN + LSE (`--backends` with cudnn_lse, not a default column): ATen's cuDNN attention op called
+with compute_log_sumexp, as SDPA calls it for a training forward, so that cuDNN writes its rows'
+LSE (float32) as flashhop's timed calls (without --no-lse), FA2's and FA3's do; SDPA's inference
+call, the cuDNN column, asks for none.
+
 Each peer's output on the first input set is compared with that of the first peer that ran (cuDNN,
 else FA2): the largest absolute difference is printed and kept in the JSON, so that a peer that
 computes something else shows.
@@ -59,8 +64,9 @@ except (ImportError, OSError) as error:
     FA3_MISSING = f"not run: FA3 not installed ({error})"
 
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
-BACKENDS = ("cudnn", "fa2", "fa3")
-BACKEND_TITLES = {"cudnn": "cuDNN", "fa2": "FA2", "fa3": "FA3"}
+KNOWN_BACKENDS = ("cudnn", "cudnn_lse", "fa2", "fa3")
+BACKENDS = ("cudnn", "fa2", "fa3")  # the default columns
+BACKEND_TITLES = {"cudnn": "cuDNN", "cudnn_lse": "cuDNN + LSE", "fa2": "FA2", "fa3": "FA3"}
 L2_MULTIPLE = 3  # rotated inputs span at least this many L2 caches
 MAX_INPUT_SETS = 64
 GEMM_SIZE = 8192
@@ -154,8 +160,10 @@ def input_sets(c, l2_bytes):
 
 def not_matched(backend, c):
     """Why `backend` has no run of c's problem through SDPA, or None."""
-    if backend == "cudnn" and bottom_right_causal(c):
+    if backend in ("cudnn", "cudnn_lse") and bottom_right_causal(c):
         return "not run: SDPA's cuDNN causal mask is top-left only, flashhop's is bottom-right"
+    if backend == "cudnn_lse" and c["nheads"] != c["nheads_kv"]:
+        return "not run: ATen's cuDNN attention op takes equal head counts"
     if backend == "fa3":
         return FA3_MISSING
     return None
@@ -171,6 +179,12 @@ def in_backend_layout(backend, tensors):
 def attention_call(backend, c):
     """A function of one (q, k, v) set in_backend_layout(backend) that runs `backend` on it and returns
     O in that layout; SDPA's backends run it inside backend_context(backend) only."""
+    if backend == "cudnn_lse":
+        # SDPA's cuDNN call of a training forward: the same kernel family, with the row LSE
+        # (softmax stats, float32) written, as flashhop's and FA3's calls write theirs. SDPA itself
+        # asks for it only when an input requires grad.
+        return lambda q, k, v: torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, dropout_p=0.0, is_causal=c["causal"])[0]
     if backend == "fa3":
         # num_splits=0: FA3 picks the split-KV count itself (one wherever the query tiles fill the
         # SMs, as on the whole peers grid; more for decoding), as its KV-cache entry point does.
@@ -239,14 +253,14 @@ def peer_cell(peer, value):
     return value(peer) if "ms" in peer else "n/a" if "skipped" in peer else "error"
 
 
-def markdown_table(results, flashhop):
-    lines = ["| d | causal | seqlen (batch) | flashhop | " + " | ".join(BACKEND_TITLES[n] for n in BACKENDS)
+def markdown_table(results, flashhop, backends):
+    lines = ["| d | causal | seqlen (batch) | flashhop | " + " | ".join(BACKEND_TITLES[n] for n in backends)
              + " | flashhop / best peer |",
-             "|---|---|---|---|" + "---|" * len(BACKENDS) + "---|"]
+             "|---|---|---|---|" + "---|" * len(backends) + "---|"]
     for r in results:
         c = r["config"]
-        peers = [r["backends"][name].get("tflops") for name in BACKENDS]
-        cells = [peer_cell(r["backends"][name], lambda p: f"{p['tflops']:.0f}") for name in BACKENDS]
+        peers = [r["backends"][name].get("tflops") for name in backends]
+        cells = [peer_cell(r["backends"][name], lambda p: f"{p['tflops']:.0f}") for name in backends]
         ours = flashhop_result(flashhop, c)
         ours_cell = flashhop_cell(ours, lambda o: f"{o['tflops']:.0f}")
         best = max((t for t in peers if t is not None), default=None)
@@ -257,11 +271,11 @@ def markdown_table(results, flashhop):
     return "\n".join(lines)
 
 
-def gqa_table(results, flashhop):
+def gqa_table(results, flashhop, backends):
     """K/V TB/s (TFLOP/s) of flashhop packed and unpacked and of each peer, one row per shape."""
     lines = ["| seqlen_q | seqlen_k | batch | causal | flashhop packed | flashhop unpacked | "
-             + " | ".join(BACKEND_TITLES[n] for n in BACKENDS) + " | flashhop / best peer |",
-             "|---|---|---|---|---|---|" + "---|" * len(BACKENDS) + "---|"]
+             + " | ".join(BACKEND_TITLES[n] for n in backends) + " | flashhop / best peer |",
+             "|---|---|---|---|---|---|" + "---|" * len(backends) + "---|"]
 
     def value(r):
         return f"{r['kv_tbps']:.2f} ({r['tflops']:.0f})"
@@ -269,7 +283,7 @@ def gqa_table(results, flashhop):
     for r in results:
         c = r["config"]
         ours = [flashhop_result(flashhop, c, pack_gqa) for pack_gqa in ("on", "off")]
-        peers = [r["backends"][name] for name in BACKENDS]
+        peers = [r["backends"][name] for name in backends]
         ours_ms = [o["ms"] for o in ours if o is not None and o["status"] == "ok"]
         peers_ms = [p["ms"] for p in peers if "ms" in p]
         ratio_cell = f"{min(peers_ms) / min(ours_ms):.2f}" if ours_ms and peers_ms else "-"
@@ -299,7 +313,13 @@ def main():
     parser.add_argument("--warmup-ms", type=float, default=0.0,
                         help="the warm-up also lasts at least this many milliseconds (wall clock)")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="peers to run, of " + ", ".join(KNOWN_BACKENDS) + " (cudnn_lse: cuDNN writing its "
+                             "LSE as well)")
     args = parser.parse_args()
+    backends = args.backends.split(",")
+    if unknown := [name for name in backends if name not in KNOWN_BACKENDS]:
+        parser.error(f"unknown backends {unknown}, known: {', '.join(KNOWN_BACKENDS)}")
 
     if not torch.cuda.is_available():
         sys.exit("peers_sdpa.py: no CUDA device visible to torch")
@@ -321,7 +341,7 @@ def main():
     for c in grid:
         sets = input_sets(c, l2_bytes)
         entry = {"config": c, "input_sets": len(sets), "backends": {}}
-        for name in BACKENDS:
+        for name in backends:
             if reason := not_matched(name, c):
                 entry["backends"][name] = {"skipped": reason}
                 continue
@@ -332,7 +352,7 @@ def main():
             except RuntimeError as error:  # e.g. no kernel of this backend for the configuration
                 torch.cuda.synchronize()
                 entry["backends"][name] = {"error": str(error).splitlines()[0]}
-        ran = [name for name in BACKENDS if "ms" in entry["backends"][name]]
+        ran = [name for name in backends if "ms" in entry["backends"][name]]
         if len(ran) > 1:
             for name, difference in max_differences(c, sets[0], ran).items():
                 entry["backends"][name]["max_abs_diff"] = {"against": ran[0], "value": difference}
@@ -353,11 +373,11 @@ def main():
         print(f"\nflashhop-bench's cuBLAS bf16 GEMM: {report['gemm']['tflops']} TFLOP/s")
     if args.sweep == "peers":
         print("\nTFLOP/s, forward, bf16:\n")
-        print(markdown_table(results, flashhop))
+        print(markdown_table(results, flashhop, backends))
     else:
         print("\nK/V TB/s (TFLOP/s), forward, bf16, d = 128, 32 query / 8 KV heads; flashhop packed: "
               "--pack-gqa on:\n")
-        print(gqa_table(results, flashhop))
+        print(gqa_table(results, flashhop, backends))
 
     if args.json:
         with open(args.json, "w") as f:
