@@ -103,16 +103,20 @@ double median_time_ms(const std::function<void(int)>& launch, WarmUp warmup, int
   for (auto& event : events) cuda_check(cudaEventCreate(&event), "cudaEventCreate");
   std::vector<float> times_ms(iters);
   try {
+    // The first call is waited for before the warm-up's clock starts, so that host-side work of a
+    // first call (a plan built, a module loaded) does not count as warm-up (the GPU idles during it).
+    launch(0);
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the first call");
     using Clock = std::chrono::steady_clock;
     Clock::time_point const begin = Clock::now();
     auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - begin).count(); };
-    int calls = 0;
+    int calls = 1;
     for (; calls < warmup.calls; ++calls) launch(calls);
     if (warmup.ms > 0) {
       // Then batches of about 50 ms of calls, each waited for, so that the host's clock follows
       // the GPU's work; the batch size comes from the calls above (one call if there were none).
       cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after warm-up calls");
-      double const call_ms = calls > 0 ? elapsed_ms() / calls : 0;
+      double const call_ms = calls > 1 ? elapsed_ms() / (calls - 1) : 0;
       int const batch = call_ms > 0 ? std::clamp(static_cast<int>(50 / call_ms), 1, 100000) : 1;
       while (elapsed_ms() < warmup.ms) {
         for (int j = 0; j < batch; ++j) launch(calls++);

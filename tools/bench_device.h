@@ -58,8 +58,9 @@ struct WarmUp {
   double ms = 0;
 };
 
-// Runs launch(i) for the warm-up, then `iters` times with an event pair around each call, and
-// returns the median of the timed calls in milliseconds. `launch` enqueues work on `stream` and
+// Runs launch(i) for the warm-up (at least one call, which is waited for before the warm-up by
+// time starts), then `iters` times with an event pair around each call, and returns the median of
+// the timed calls in milliseconds. `launch` enqueues work on `stream` and
 // throws on error.
 double median_time_ms(const std::function<void(int)>& launch, WarmUp warmup, int iters, cudaStream_t stream);
 

@@ -115,16 +115,22 @@ def kv_bytes(c):
 def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
     """Median of `iters` event-timed calls of launch(i) after a warm-up of at least `warmup` calls
     and `warmup_ms` milliseconds of wall-clock time (as flashhop-bench: then batches of about 50 ms
-    of calls, each waited for)."""
+    of calls, each waited for). The warm-up's clock starts once the first call has ended: cuDNN's
+    first call of a shape builds its execution plan on the host for a second or more, with the GPU
+    idle, which otherwise takes the place of the warm-up, so that the timed calls of a short shape
+    ran on a GPU not yet at its power limit (docs/PERFORMANCE.md, forty-fifth session)."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(iters)]
+    launch(0)
+    torch.cuda.synchronize()
     begin = time.perf_counter()
-    for i in range(warmup):
-        launch(i)
-    calls = warmup
+    calls = 1
+    while calls < warmup:
+        launch(calls)
+        calls += 1
     if warmup_ms > 0:
         torch.cuda.synchronize()
-        call_ms = (time.perf_counter() - begin) * 1e3 / calls if calls else 0.0
+        call_ms = (time.perf_counter() - begin) * 1e3 / (calls - 1) if calls > 1 else 0.0
         batch = min(100000, max(1, int(50 / call_ms))) if call_ms > 0 else 1
         while (time.perf_counter() - begin) * 1e3 < warmup_ms:
             for _ in range(batch):
