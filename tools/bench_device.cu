@@ -114,7 +114,7 @@ double median_time_ms(const std::function<void(int)>& launch, WarmUp warmup, int
     for (; calls < warmup.calls; ++calls) launch(calls);
     if (warmup.ms > 0) {
       // Then batches of about 50 ms of calls, each waited for, so that the host's clock follows
-      // the GPU's work; the batch size comes from the calls above (one call if there were none).
+      // the GPU's work; the batch size comes from the calls above (one call if only the first ran).
       cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after warm-up calls");
       double const call_ms = calls > 1 ? elapsed_ms() / (calls - 1) : 0;
       int const batch = call_ms > 0 ? std::clamp(static_cast<int>(50 / call_ms), 1, 100000) : 1;
