@@ -193,11 +193,12 @@ struct ForwardKernel {
     // count the hand-overs the same way, so neither runs two phases ahead of the other.
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
-      // Calls load(tile, blocks, wait_q_free) for each of the CTA's tiles that loads anything.
+      // Calls load(tile, blocks, wait_q_free, take_next) for each of the CTA's tiles that loads
+      // anything (take_next as in walk_tiles).
       auto const for_each_loading_tile = [&](bool taker, auto const& load) {
         int q_free_phase = 0;
         bool first = true;
-        walk_tiles(params.scheduler, shared.tiles, taker, tile_loads, [&](int index, auto const&) {
+        walk_tiles(params.scheduler, shared.tiles, taker, tile_loads, [&](int index, auto const& take_next) {
           ForwardTile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(index, tile);
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
@@ -206,7 +207,7 @@ struct ForwardKernel {
             shared.q_free.wait(q_free_phase);
             q_free_phase ^= 1;
           };
-          if (!blocks.empty()) load(tile, blocks, wait_q_free);
+          if (!blocks.empty()) load(tile, blocks, wait_q_free, take_next);
           first = false;
         });
       };
@@ -215,16 +216,25 @@ struct ForwardKernel {
         Mainloop::prefetch_tma_descriptors(params.mainloop);
         typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
         for_each_loading_tile(/*taker=*/true, [&](ForwardTile const& tile, KeyBlocks const& blocks,
-                                                  auto const& wait_q_free) {
+                                                  auto const& wait_q_free, auto const& take_next) {
           Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
                          tile.head, tile.batch, blocks, wait_q_free);
+          // The next tile is taken here rather than after the walk's step: the same place, as load
+          // returns once it has issued the tile's last K/V.
+          if constexpr (Mainloop::kPrefetchNextQ) {
+            NextTile const next = take_next();
+            if (next.loads) {
+              ForwardTile const following = Scheduler::tile(params.scheduler, next.index);
+              Mainloop::prefetch_q(params.mainloop, following.m_block, following.head, following.batch);
+            }
+          }
         });
       }
       if constexpr (Mainloop::kPackGqa) {
         if (cutlass::canonical_warp_idx_sync() == 1) {
           int const lane = threadIdx.x % 32;
           for_each_loading_tile(/*taker=*/false, [&](ForwardTile const& tile, KeyBlocks const&,
-                                                     auto const& wait_q_free) {
+                                                     auto const& wait_q_free, auto const&) {
             wait_q_free();
             Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile.m_block, tile.head,
                                     tile.batch, lane);
