@@ -272,6 +272,13 @@ struct ForwardMainloop {
   // arrival per lane of the warp that gathers Q (load_q_packed).
   static constexpr int kQFullArrivals = kPackGqa ? 32 : 1;
 
+  // Query tile m_block of (head, batch) in the coordinates of Q's TMA: (kBlockM, d).
+  static CUTLASS_DEVICE auto query_tile(Params const& params, int m_block, int head, int batch) {
+    using namespace cute;
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
+    return local_tile(mQ(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+  }
+
   // Producer, one thread, for one tile that visits key tiles [blocks.begin, blocks.end): the K and
   // V of key tile blocks.first(), then of blocks.end - 1 down to blocks.begin but that one, each
   // into the next free stage of its ring, and Q unless packed. The first K/V pair goes out before
@@ -287,10 +294,9 @@ struct ForwardMainloop {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});  // (kBlockN, dv, stage)
     int const head_kv = params.rows.kv_head(head);
     int const seqlen_k = cute::max(params.seqlen_k, 1);  // as in to_params
-    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
-    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));  // (kBlockM, d)
+    Tensor gQ = query_tile(params, m_block, head, batch);  // (kBlockM, d)
     Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, d, n)
     Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<BlockN, HeadDimV>{}, make_coord(_, _0{}));  // (kBlockN, dv, n)
 
@@ -331,10 +337,8 @@ struct ForwardMainloop {
   // Producer, one thread: asks L2 for query tile m_block of (head, batch) by a TMA prefetch, without
   // a barrier or a destination (kPrefetchNextQ).
   static CUTLASS_DEVICE void prefetch_q(Params const& params, int m_block, int head, int batch) {
-    using namespace cute;
-    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
-    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));  // (kBlockM, d)
-    prefetch(params.tma_q, params.tma_q.get_slice(_0{}).partition_S(gQ));
+    auto tma_q = params.tma_q.get_slice(cute::_0{});
+    cute::prefetch(params.tma_q, tma_q.partition_S(query_tile(params, m_block, head, batch)));
   }
 
   // Producer warp, packed Q only (lane in [0, 32)): gathers the tile's rows, each from its own query
