@@ -436,10 +436,19 @@ struct ForwardMainloop {
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(thread_idx);
-    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) smem descriptors
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
-    Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+    // The shared-memory descriptors come from the warpgroup's slice: an SS wgmma's operand layouts
+    // do not depend on the thread within the warpgroup, so they equal the thread slice's, but
+    // `consumer` is warp-uniform (canonical_warp_group_idx) where thread_idx is not. ptxas then keeps
+    // Q's descriptors in uniform registers; from the thread slice it held them in vector registers
+    // and moved a pair over (R2UR) before every S wgmma. H200, same session, 2 rounds of the peers
+    // grid against the thread slice: d = 64 causal 2k to 16k +0.2 to +2.1%, d = 128 -0.7 to +1.6%,
+    // d = 256 without a mask level to +2.8%; d = 256 causal 512 to 2k -1.6 to -2.5% with its band
+    // kernels' single loop, which the loops per kind below turned into a gain.
+    auto warpgroup_qk = mma_qk.get_slice(consumer * kThreadsPerWarpGroup);
+    auto warpgroup_pv = mma_pv.get_slice(consumer * kThreadsPerWarpGroup);
+    Tensor tSrQ = warpgroup_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) smem descriptors
+    Tensor tSrK = warpgroup_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+    Tensor tOrV = warpgroup_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
     // (row, col) within the score tile of each of this thread's S elements, in the rowcol view.
     Tensor coords = rowcol_view(thr_qk.partition_C(make_identity_tensor(Shape<BlockM, BlockN>{})));
 
@@ -592,12 +601,17 @@ struct ForwardMainloop {
     // pending P V after the softmax's max pass, as in the non-causal loop, instead of before it. At
     // d = 64 that cost 2-7% up to 4k (one A/B run), so its band kernels branch in every loop. At d
     // >= 192 even the loop pair per soft-capping choice did that (d = 256 non-causal: a 992-byte
-    // stack frame, 40 TFLOP/s), so one loop pair, and with a band a single loop that branches on
-    // the mask per tile (a loop per kind made ptxas spill). So too with a band and three consumer
-    // warpgroups (160 registers; d = 64 wide bands): a loop per kind spilled 168 bytes, reloaded in
-    // every loop, the single loop 40 (Q's descriptors, reloaded per key tile); H200, same session,
-    // single loop against a loop per kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485
-    // against 462.
+    // stack frame, 40 TFLOP/s), so one loop pair. With a band, d = 192 walks a single loop that
+    // branches on the mask per tile (a loop per kind made ptxas spill, 24 to 44 bytes), and so do
+    // bands of three consumer warpgroups (160 registers; d = 64 wide bands): a loop per kind
+    // spilled 168 bytes, reloaded in every loop, the single loop 40 (Q's descriptors, then in
+    // vector registers, reloaded per key tile); H200, same session, single loop against a loop per
+    // kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485 against 462. d = 256 bands, with Q's
+    // descriptors in uniform registers, walk a loop per kind on 80-key tiles (whole tiles per
+    // soft-capping choice put O in local memory there) and, as d = 128, whole tiles per
+    // soft-capping choice on 64-key tiles; neither touches local memory inside its loops (the
+    // 80-key kernel spills 56 / 72 bytes outside them). H200, same session, 4 rounds against the
+    // single loop: causal 512 +0.9%, 1k +2.9%, 2k +7.2%, 4k to 16k level.
     // Only edge tiles can be unseen by one warpgroup: a whole tile is seen by every row of the tile.
     auto edge_step = [&](int n_block, auto softcap) {
       if (sees_none(n_block)) {
@@ -625,7 +639,10 @@ struct ForwardMainloop {
       whole_tiles(softcap);
       left_edge(softcap);
     };
-    if constexpr ((kHeadDim > 128 || kConsumerWarpGroups > 2) && Mask::kIsLocal) {
+    constexpr bool kSingleLoop = Mask::kIsLocal && ((kHeadDim > 128 && kHeadDim < 256) || kConsumerWarpGroups > 2);
+    constexpr bool kLoopPerKind = (kHeadDim > 128 && !Mask::kIsLocal) || (Mask::kIsLocal && kHeadDim <= 64) ||
+                                  (Mask::kIsLocal && kHeadDim == 256 && kBlockN > 64);
+    if constexpr (kSingleLoop) {
       for (; n_block >= blocks.begin; --n_block) {
         if (n_block == first_block) continue;
         if (needs_mask(n_block)) {
@@ -634,7 +651,7 @@ struct ForwardMainloop {
           step(n_block, false_type{}, softcapped());
         }
       }
-    } else if constexpr (kHeadDim > 128 || (Mask::kIsLocal && kHeadDim <= 64)) {
+    } else if constexpr (kLoopPerKind) {
       walk(softcapped());
     } else if constexpr (Mask::kIsLocal) {
       right_edge(softcapped());
