@@ -47,7 +47,7 @@ def flashhop_tflops(bench, flags, c):
 
 def peer_tflops(backend, l2_bytes, c):
     sets = P.input_sets(c, l2_bytes)
-    ms = P.time_backend(backend, c, sets, WARMUP, ITERS, WARMUP_MS)
+    ms = P.time_backend(backend, c, sets, WARMUP, ITERS, WARMUP_MS).ms
     return P.forward_flops(c) / (ms * 1e-3) / 1e12
 
 

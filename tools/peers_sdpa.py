@@ -44,6 +44,7 @@ columns and flashhop / best peer (in speed; for gqa, the faster of packed and un
 GPU machine: python3 with torch (and the FA3 wheel for its column).
 """
 import argparse
+import collections
 import contextlib
 import json
 import math
@@ -112,13 +113,20 @@ def kv_bytes(c):
     return c["batch"] * c["seqlen_k"] * c["nheads_kv"] * 2 * c["head_dim"] * 2
 
 
+Timing = collections.namedtuple("Timing", "ms host_ms")
+HOST_BOUND = 0.9  # host enqueue time per call over the median GPU time at which a timing is host-bound
+
+
 def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
     """Median of `iters` event-timed calls of launch(i) after a warm-up of at least `warmup` calls
     and `warmup_ms` milliseconds of wall-clock time (as flashhop-bench: then batches of about 50 ms
     of calls, each waited for). The warm-up's clock starts once the first call has ended: cuDNN's
     first call of a shape builds its execution plan on the host for a second or more, with the GPU
     idle, which otherwise takes the place of the warm-up, so that the timed calls of a short shape
-    ran on a GPU not yet at its power limit (docs/PERFORMANCE.md, forty-fifth session)."""
+    ran on a GPU not yet at its power limit (docs/PERFORMANCE.md, forty-fifth session).
+    Returns Timing(ms, host_ms): host_ms is the host's time per timed call to enqueue it with its
+    events. Where it nears ms (HOST_BOUND), the stream ran dry between calls: the GPU waited inside
+    each event pair for the host to enqueue the call, and the median times the host, not the GPU."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(iters)]
     launch(0)
@@ -137,18 +145,20 @@ def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
                 launch(calls)
                 calls += 1
             torch.cuda.synchronize()
+    enqueue_begin = time.perf_counter()
     for i, (start, stop) in enumerate(events):
         start.record()
         launch(calls + i)
         stop.record()
+    host_ms = (time.perf_counter() - enqueue_begin) * 1e3 / iters
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(stop) for start, stop in events)
+    return Timing(statistics.median(start.elapsed_time(stop) for start, stop in events), host_ms)
 
 
 def gemm_tflops(warmup, iters, warmup_ms):
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16)
-    ms = median_time_ms(lambda i: torch.matmul(a, b), warmup, iters, warmup_ms)
+    ms = median_time_ms(lambda i: torch.matmul(a, b), warmup, iters, warmup_ms).ms
     return 2.0 * GEMM_SIZE ** 3 / (ms * 1e-3) / 1e12
 
 
@@ -207,13 +217,27 @@ def backend_context(backend):
     return sdpa_kernel(SDPA_BACKENDS[backend]) if backend in SDPA_BACKENDS else contextlib.nullcontext()
 
 
-def time_backend(backend, c, sets, warmup, iters, warmup_ms):
+def time_backend(backend, c, sets, warmup, iters, warmup_ms, graphs=False):
+    """Timing of `backend` on c over the rotated input sets. With `graphs`, each set's call is
+    captured once in a CUDA graph (after an eager call, which builds cuDNN's plan) and the timed
+    calls replay them: a replay costs the host a few microseconds, so a backend whose eager call
+    takes the host longer than the GPU is timed on the GPU's work alone."""
     call = attention_call(backend, c)
     # Laid out once, so that a timed call only launches: per-call transposes held short calls (decoding,
     # about 80 us) back on the CPU.
     inputs = [in_backend_layout(backend, qkv) for qkv in sets]
     with backend_context(backend):
-        return median_time_ms(lambda i: call(*inputs[i % len(inputs)]), warmup, iters, warmup_ms)
+        if not graphs:
+            return median_time_ms(lambda i: call(*inputs[i % len(inputs)]), warmup, iters, warmup_ms)
+        captured = []
+        for qkv in inputs:
+            call(*qkv)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call(*qkv)
+            captured.append(graph)
+        return median_time_ms(lambda i: captured[i % len(captured)].replay(), warmup, iters, warmup_ms)
 
 
 def max_differences(c, qkv, backends):
@@ -299,6 +323,10 @@ def gqa_table(results, flashhop, backends):
     return "\n".join(lines)
 
 
+def host_note(peer):
+    return f" host {peer['host_ms']:.3f} ms/call" + (" (HOST-BOUND)" if peer["host_bound"] else "")
+
+
 def difference_note(peer):
     if "max_abs_diff" not in peer:
         return ""
@@ -319,6 +347,8 @@ def main():
     parser.add_argument("--warmup-ms", type=float, default=0.0,
                         help="the warm-up also lasts at least this many milliseconds (wall clock)")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--graphs", action="store_true",
+                        help="time CUDA graph replays of each call instead of eager calls (time_backend)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="peers to run, of " + ", ".join(KNOWN_BACKENDS) + " (cudnn_lse: cuDNN writing its "
                              "LSE as well)")
@@ -352,9 +382,10 @@ def main():
                 entry["backends"][name] = {"skipped": reason}
                 continue
             try:
-                ms = time_backend(name, c, sets, args.warmup, args.iters, args.warmup_ms)
+                ms, host_ms = time_backend(name, c, sets, args.warmup, args.iters, args.warmup_ms, args.graphs)
                 entry["backends"][name] = {"ms": ms, "tflops": forward_flops(c) / (ms * 1e-3) / 1e12,
-                                           "kv_tbps": kv_bytes(c) / (ms * 1e-3) / 1e12}
+                                           "kv_tbps": kv_bytes(c) / (ms * 1e-3) / 1e12, "host_ms": host_ms,
+                                           "host_bound": host_ms >= HOST_BOUND * ms}
             except RuntimeError as error:  # e.g. no kernel of this backend for the configuration
                 torch.cuda.synchronize()
                 entry["backends"][name] = {"error": str(error).splitlines()[0]}
@@ -365,7 +396,8 @@ def main():
         del sets
         results.append(entry)
         cells = "  ".join(f"{BACKEND_TITLES[n]} " + (f"{r['ms']:.3f} ms {r['tflops']:.1f} TFLOP/s "
-                                                     f"{r['kv_tbps']:.2f} TB/s K/V" + difference_note(r)
+                                                     f"{r['kv_tbps']:.2f} TB/s K/V" + host_note(r)
+                                                     + difference_note(r)
                                                      if "ms" in r
                                                      else r["skipped"] if "skipped" in r
                                                      else f"ERROR {r['error']}")
@@ -391,7 +423,7 @@ def main():
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version(), "gemm_bf16_tflops": gemm,
                        "warmup": args.warmup, "warmup_ms": args.warmup_ms, "iters": args.iters,
-                       "results": results}, f, indent=1)
+                       "graphs": args.graphs, "results": results}, f, indent=1)
         print(f"\nwrote {args.json}")
 
 
