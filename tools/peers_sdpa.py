@@ -115,6 +115,7 @@ def kv_bytes(c):
 
 Timing = collections.namedtuple("Timing", "ms host_ms")
 HOST_BOUND = 0.9  # host enqueue time per call over the median GPU time at which a timing is host-bound
+HOST_PROBE_CALLS = 20  # timed calls whose enqueue time gives the host's time per call
 
 
 def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
@@ -124,9 +125,11 @@ def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
     first call of a shape builds its execution plan on the host for a second or more, with the GPU
     idle, which otherwise takes the place of the warm-up, so that the timed calls of a short shape
     ran on a GPU not yet at its power limit (docs/PERFORMANCE.md, forty-fifth session).
-    Returns Timing(ms, host_ms): host_ms is the host's time per timed call to enqueue it with its
-    events. Where it nears ms (HOST_BOUND), the stream ran dry between calls: the GPU waited inside
-    each event pair for the host to enqueue the call, and the median times the host, not the GPU."""
+    Returns Timing(ms, host_ms): host_ms is the host's time per call to enqueue the first
+    HOST_PROBE_CALLS timed calls with their events, right after a synchronize, too few to fill the
+    launch queue (a full queue would hold the host back to the GPU's pace). Where it nears ms
+    (HOST_BOUND), the stream runs dry between calls: the GPU waits inside each event pair for the
+    host to enqueue the call, and the median times the host, not the GPU."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(iters)]
     launch(0)
@@ -145,12 +148,15 @@ def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
                 launch(calls)
                 calls += 1
             torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    probe_calls = min(HOST_PROBE_CALLS, iters)
     enqueue_begin = time.perf_counter()
     for i, (start, stop) in enumerate(events):
         start.record()
         launch(calls + i)
         stop.record()
-    host_ms = (time.perf_counter() - enqueue_begin) * 1e3 / iters
+        if i + 1 == probe_calls:
+            host_ms = (time.perf_counter() - enqueue_begin) * 1e3 / probe_calls
     torch.cuda.synchronize()
     return Timing(statistics.median(start.elapsed_time(stop) for start, stop in events), host_ms)
 
