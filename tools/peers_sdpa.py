@@ -14,6 +14,10 @@ Grids, bf16, layout (batch, seqlen, nheads, d) as flashhop takes it, handed to S
 Method (the tool library's device/METHOD.md, as flashhop-bench): random normal inputs, as many input
 sets as it takes to exceed three times the L2 cache, rotated between calls; warm-up calls (by count
 and, with --warmup-ms, by time), then one CUDA event pair around each timed call and the median.
+Each timing also gives the host's time to enqueue a call (median_time_ms); where it nears the
+median, the log flags the cell HOST-BOUND: the GPU waited inside the event pairs for the host, and
+the figure times the host. --graphs times CUDA-graph replays of each call instead (time_backend),
+which take the host a few microseconds.
 TFLOP/s with the FlashAttention convention, 4 * b * h * pairs * d, pairs = sq * sk, half for causal
 with sq == sk, else the exact count of the bottom-right causal band (as flashhop-bench). K/V TB/s:
 b * sk * h_kv * 2d * 2 bytes over the time, K and V counted once (the figure that bounds decoding).
