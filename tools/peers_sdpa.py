@@ -229,9 +229,11 @@ def backend_context(backend):
 
 def time_backend(backend, c, sets, warmup, iters, warmup_ms, graphs=False):
     """Timing of `backend` on c over the rotated input sets. With `graphs`, each set's call is
-    captured once in a CUDA graph (after an eager call, which builds cuDNN's plan) and the timed
-    calls replay them: a replay costs the host a few microseconds, so a backend whose eager call
-    takes the host longer than the GPU is timed on the GPU's work alone."""
+    captured once in a CUDA graph and the timed calls replay them: a replay costs the host a few
+    microseconds, so a backend whose eager call takes the host longer than the GPU is timed on the
+    GPU's work alone. Before the captures each call runs once eagerly on the capturing stream, as
+    PyTorch's recipe has it, so that lazy set-up (cuDNN's plan, per-stream handles and workspaces)
+    happens outside the graphs."""
     call = attention_call(backend, c)
     # Laid out once, so that a timed call only launches: per-call transposes held short calls (decoding,
     # about 80 us) back on the CPU.
@@ -239,12 +241,16 @@ def time_backend(backend, c, sets, warmup, iters, warmup_ms, graphs=False):
     with backend_context(backend):
         if not graphs:
             return median_time_ms(lambda i: call(*inputs[i % len(inputs)]), warmup, iters, warmup_ms)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for qkv in inputs:
+                call(*qkv)
+        torch.cuda.synchronize()
         captured = []
         for qkv in inputs:
-            call(*qkv)
-            torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=side):
                 call(*qkv)
             captured.append(graph)
         return median_time_ms(lambda i: captured[i % len(captured)].replay(), warmup, iters, warmup_ms)
