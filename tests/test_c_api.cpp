@@ -199,17 +199,20 @@ TEST(CApi, LastErrorIsPerThread) {
   EXPECT_EQ(last_error(), main_error);
 }
 
-// Valid arguments reach the device checks: without a GPU there is no current device; with one, the
-// made-up addresses are not device memory.
+// Valid arguments reach the device checks: without a GPU the device cannot be asked; on a GPU
+// other than Hopper the kernels cannot run; on Hopper the made-up addresses are not device memory.
 TEST(CApi, ForwardChecksTheDeviceAfterValidation) {
   CArgs c;
   const flashhop_status_t status = flashhop_forward(&c.args, nullptr, 0, nullptr);
-  if (gpu_available()) {
+  if (hopper_available()) {
     EXPECT_EQ(status, FLASHHOP_INVALID_ARGUMENT);
     EXPECT_TRUE(mentions(last_error(), "q.data")) << last_error();
+  } else if (gpu_available()) {
+    EXPECT_EQ(status, FLASHHOP_NOT_SUPPORTED);
+    EXPECT_TRUE(mentions(last_error(), "compute capability")) << last_error();
   } else {
     EXPECT_EQ(status, FLASHHOP_CUDA_ERROR);
-    EXPECT_TRUE(mentions(last_error(), "cudaGetDevice")) << last_error();
+    EXPECT_TRUE(mentions(last_error(), "cudaDeviceGetAttribute")) << last_error();
   }
 }
 

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "api/forward_params.h"
+#include "api/plan.h"
 #include "flashhop/flashhop.h"
 #include "reference/attention_ref.h"
 #include "reference/tolerance.h"
@@ -206,19 +206,18 @@ void run_and_check(const Call& call) {
   }
 }
 
-// The kernel parameters forward() plans for `call` (which tiles, whether packed); no memory is
-// touched.
-flashhop::detail::ForwardParams planned_params(const Call& call) {
+// The recipe forward() plans for `call` (which tiles, whether packed); no memory is touched.
+const flashhop::sm90::ForwardRecipe& planned_recipe(const Call& call) {
   flashhop::ForwardArgs args =
       bind_args(call.plan, std::vector<void*>(call.plan.buffer_dtypes.size()), call.with_lse, call.masking);
   args.pack_gqa = call.pack_gqa;
-  return flashhop::detail::make_forward_params(args);
+  return flashhop::detail::plan_forward(args, {}).recipe_of();
 }
 
 class RequiresGpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device";
+    if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU (compute capability 9.0)";
   }
 };
 
@@ -438,7 +437,7 @@ TEST_P(ForwardGpuWideBand, MatchesReference) {
   // Unpacked rows: kAuto packs the 3-head group of the second shape (d = 64's packed tiles are 64
   // rows), and packed rows take the default tile choice.
   call.pack_gqa = flashhop::PackGqa::kOff;
-  ASSERT_EQ(planned_params(call).tile_choice, flashhop::sm90::TileChoice::kWideBand)
+  ASSERT_EQ(planned_recipe(call).tile_choice, flashhop::sm90::TileChoice::kWideBand)
       << "this shape no longer takes the wide-band tiles";
   run_and_check(call);
 }
@@ -472,8 +471,8 @@ using ForwardGpuShortQueries = GpuTestWithParam<GridCase>;
 TEST_P(ForwardGpuShortQueries, MatchesReference) {
   const GridCase& c = GetParam();
   const Call call(c.problem, c.dtype, c.masking.masking, contiguous_plan(c.problem, c.dtype));
-  const flashhop::detail::ForwardParams params = planned_params(call);
-  ASSERT_TRUE(!params.pack_gqa && params.tile_choice == flashhop::sm90::TileChoice::kShortRows)
+  const flashhop::sm90::ForwardRecipe& recipe = planned_recipe(call);
+  ASSERT_TRUE(!recipe.pack_gqa && recipe.tile_choice == flashhop::sm90::TileChoice::kShortRows)
       << "this shape no longer takes the short query tiles";
   run_and_check(call);
 }

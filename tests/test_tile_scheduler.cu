@@ -13,6 +13,9 @@
 
 namespace {
 
+// The L2 cache the scheduler's tail group is sized by (H200: 60 MiB).
+constexpr std::int64_t kH200L2Bytes = 60ll << 20;
+
 using flashhop::sm90::CausalScheduler;
 using flashhop::sm90::ForwardTile;
 using flashhop::sm90::SplitPolicy;
@@ -29,12 +32,12 @@ TEST(CausalSchedule, QueueRunsHeadByHeadLongestFirstThenTailGroupByRank) {
        {std::tuple{1, 1, 1, 1}, std::tuple{4, 16, 32, 1}, std::tuple{7, 3, 5, 3}, std::tuple{128, 16, 1, 4},
         std::tuple{16, 128, 1, 1}}) {
     CausalScheduler::Params const params =
-        CausalScheduler::to_params(m_blocks, nheads, batch, &counter, 132, kv_bytes, heads_per_kv);
+        CausalScheduler::to_params(m_blocks, nheads, batch, &counter, 132, kv_bytes, heads_per_kv, kH200L2Bytes);
     int const head_batches = nheads * batch;
     ASSERT_EQ(params.num_tiles, m_blocks * head_batches);
     EXPECT_EQ(CausalScheduler::grid(params, 132).x, unsigned(std::min(params.num_tiles, 132)));
     int const tail = CausalScheduler::tail_group_heads(m_blocks, head_batches, std::min(params.num_tiles, 132),
-                                                       kv_bytes, heads_per_kv);
+                                                       kv_bytes, heads_per_kv, kH200L2Bytes);
     ASSERT_GE(tail, 1);
     ASSERT_LE(tail, head_batches);
     int const tail_start = (head_batches - tail) * m_blocks;
@@ -57,21 +60,27 @@ TEST(CausalSchedule, QueueRunsHeadByHeadLongestFirstThenTailGroupByRank) {
 // (whole KV groups), and within the heads there are; none where a head has about a multiple of the
 // CTAs' count of query tiles.
 TEST(CausalSchedule, TailGroupSize) {
-  std::int64_t const budget = CausalScheduler::kTailGroupL2Bytes;
+  std::int64_t const budget = kH200L2Bytes * CausalScheduler::kTailGroupL2Percent / 100;
   // 4 x 132 tiles of 100: 6 heads; K/V of budget / 8 each fit 8.
-  EXPECT_EQ(CausalScheduler::tail_group_heads(100, 16, 132, budget / 8, 1), 6);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(100, 16, 132, budget / 8, 1, kH200L2Bytes), 6);
   // 4 x 132 tiles of 16: 33 heads, but only 4 KV heads' K/V fit, of 2 query heads each.
-  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, budget / 4, 2), 8);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, budget / 4, 2, kH200L2Bytes), 8);
   // K/V larger than the budget: one head, as head by head.
-  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, budget * 2, 1), 1);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, budget * 2, 1, kH200L2Bytes), 1);
   // Fewer heads than wanted: all of them.
-  EXPECT_EQ(CausalScheduler::tail_group_heads(4, 5, 20, 1, 1), 5);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(4, 5, 20, 1, 1, kH200L2Bytes), 5);
+  // The budget is a share of the device's L2: the H100's 50 MiB hold fewer heads' K/V than the H200's.
+  EXPECT_EQ(CausalScheduler::tail_group_heads(100, 16, 132, budget / 8, 1, 50ll << 20), 6);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, (40ll << 20) / 3, 1, 50ll << 20), 3);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, (40ll << 20) / 3, 1, kH200L2Bytes), 3);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, (48ll << 20) / 3, 1, 50ll << 20), 2);
+  EXPECT_EQ(CausalScheduler::tail_group_heads(16, 128, 132, (48ll << 20) / 3, 1, kH200L2Bytes), 3);
   // About one or two CTA counts of query tiles per head: head by head.
   for (int m_blocks : {124, 128, 132, 140, 256, 264}) {
-    EXPECT_EQ(CausalScheduler::tail_group_heads(m_blocks, 16, 132, 1, 1), 1) << m_blocks;
+    EXPECT_EQ(CausalScheduler::tail_group_heads(m_blocks, 16, 132, 1, 1, kH200L2Bytes), 1) << m_blocks;
   }
   for (int m_blocks : {64, 86, 120, 150, 240}) {
-    EXPECT_GT(CausalScheduler::tail_group_heads(m_blocks, 16, 132, 1, 1), 1) << m_blocks;
+    EXPECT_GT(CausalScheduler::tail_group_heads(m_blocks, 16, 132, 1, 1, kH200L2Bytes), 1) << m_blocks;
   }
 }
 

@@ -256,6 +256,17 @@ inline bool gpu_available() {
   return ok;
 }
 
+// A GPU the kernels run on: the current device has compute capability 9.0 (sm_90a).
+inline bool hopper_available() {
+  if (!gpu_available()) return false;
+  int device = 0, major = 0, minor = 0;
+  const bool ok = cudaGetDevice(&device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
+  cudaGetLastError();
+  return ok && major == 9 && minor == 0;
+}
+
 // cudaMalloc'ed memory owned by the object; an empty buffer holds a null pointer.
 class DeviceBuffer {
  public:

@@ -11,7 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "api/forward_params.h"
+#include "api/dispatch.h"
+#include "api/plan.h"
 #include "flashhop/flashhop.h"
 #include "test_utils.h"
 
@@ -223,7 +224,7 @@ TEST_P(ValidArguments, Accepted) {
   // A band's tiles run from a queue, whose counter takes 4 bytes. Without one, these shapes' few
   // key tiles split nothing, but for the 2^31 keys of seqlen_sum_at_its_limit, whose few tiles'
   // one round splits over the SMs where a device is present (split_round.h).
-  if (flashhop::detail::make_forward_params(args).local) {
+  if (flashhop::detail::plan_forward(args, {}).recipe_of().local()) {
     EXPECT_EQ(bytes, 4u);
   } else if (std::string(GetParam().name) != "seqlen_sum_at_its_limit") {
     EXPECT_EQ(bytes, 0u);
@@ -347,26 +348,27 @@ TEST(Validation, TileQueueAsksForAWorkspace) {
   EXPECT_NE(status.message.find("aligned to 16 bytes"), std::string::npos) << status.message;
 }
 
-TEST(ForwardParams, FlattensPackedLayout) {
+TEST(Plan, FlattensPackedLayout) {
   const Problem problem{2, 40, 40, 8, 2, 64};
   const ForwardPlan plan = strided_plan(problem, DType::kFloat16);
   ForwardArgs args = bind_args(plan, fake_bases(plan), true, Masking{/*causal=*/true});
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
 
-  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
+  const flashhop::detail::ForwardPlan plan_of_call = flashhop::detail::plan_forward(args, {});
+  const flashhop::sm90::ForwardParams& params = plan_of_call.params;
+  EXPECT_EQ(plan_of_call.dtype, DType::kFloat16);
+  EXPECT_EQ(plan_of_call.recipe_of().head_dim, 64);
+  EXPECT_EQ(plan_of_call.recipe_of().head_dim_v, 64);
   EXPECT_EQ(params.q, args.q.data);
   EXPECT_EQ(params.k, args.k.data);
   EXPECT_EQ(params.v, args.v.data);
   EXPECT_EQ(params.o, args.o.data);
   EXPECT_EQ(params.lse, args.lse->data);
-  EXPECT_EQ(params.dtype, DType::kFloat16);
   EXPECT_EQ(params.batch, 2);
   EXPECT_EQ(params.seqlen_q, 40);
   EXPECT_EQ(params.seqlen_k, 40);
   EXPECT_EQ(params.nheads, 8);
   EXPECT_EQ(params.nheads_kv, 2);
-  EXPECT_EQ(params.head_dim, 64);
-  EXPECT_EQ(params.head_dim_v, 64);
 
   const std::int64_t qkv_row = (8 + 2 * 2) * 64;
   for (const auto& [batch, row, head] :
@@ -388,11 +390,10 @@ TEST(ForwardParams, FlattensPackedLayout) {
 
   EXPECT_FLOAT_EQ(params.softmax_scale, 0.125f);  // 1 / sqrt(64)
   // Causal: the band (unbounded, 0), the left side written as seqlen_k.
-  EXPECT_TRUE(params.local);
+  EXPECT_TRUE(plan_of_call.recipe_of().local());
   EXPECT_EQ(params.window_left, 40);
   EXPECT_EQ(params.window_right, 0);
   EXPECT_EQ(params.softcap, 0.f);
-  EXPECT_EQ(params.device, 0);
 }
 
 struct WindowCase {
@@ -404,23 +405,24 @@ struct WindowCase {
   int left, right;  // expected widths in ForwardParams
 };
 
-class ForwardParamsWindow : public ::testing::TestWithParam<WindowCase> {};
+class PlanWindow : public ::testing::TestWithParam<WindowCase> {};
 
-TEST_P(ForwardParamsWindow, BandWidthsAndWhetherItMasks) {
+TEST_P(PlanWindow, BandWidthsAndWhetherItMasks) {
   const WindowCase& c = GetParam();
   ForwardArgs args = with_problem({1, c.seqlen_q, c.seqlen_k, 2, 1, 128});
   args.causal = c.causal;
   args.window_left = c.window_left;
   args.window_right = c.window_right;
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
-  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
-  EXPECT_EQ(params.local, c.local);
+  const flashhop::detail::ForwardPlan plan_of_call = flashhop::detail::plan_forward(args, {});
+  const flashhop::sm90::ForwardParams& params = plan_of_call.params;
+  EXPECT_EQ(plan_of_call.recipe_of().local(), c.local);
   EXPECT_EQ(params.window_left, c.left);
   EXPECT_EQ(params.window_right, c.right);
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Windows, ForwardParamsWindow,
+    Windows, PlanWindow,
     ::testing::Values(WindowCase{"none", 100, 300, false, -1, -1, false, 300, 100},
                       WindowCase{"causal", 100, 300, true, -1, -1, true, 300, 0},
                       WindowCase{"causal_window_right_0", 100, 300, true, -1, 0, true, 300, 0},
@@ -445,16 +447,16 @@ struct PackGqaCase {
   int packed_tile_rows = 128;
 };
 
-class ForwardParamsPackGqa : public ::testing::TestWithParam<PackGqaCase> {};
+class PlanPackGqa : public ::testing::TestWithParam<PackGqaCase> {};
 
-TEST_P(ForwardParamsPackGqa, PacksWhenAskedOrWhenTilesFillBetter) {
+TEST_P(PlanPackGqa, PacksWhenAskedOrWhenTilesFillBetter) {
   const PackGqaCase& c = GetParam();
   EXPECT_EQ(flashhop::detail::use_pack_gqa(c.mode, c.seqlen_q, c.heads_per_kv_head, c.tile_rows, c.packed_tile_rows),
             c.packed);
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    PackGqa, ForwardParamsPackGqa,
+    PackGqa, PlanPackGqa,
     ::testing::Values(PackGqaCase{"decode", flashhop::PackGqa::kAuto, 1, 4, true},
                       PackGqaCase{"decode_off", flashhop::PackGqa::kOff, 1, 4, false},
                       PackGqaCase{"no_groups", flashhop::PackGqa::kAuto, 1, 1, false},
@@ -481,30 +483,31 @@ struct WideBandCase {
   Problem problem;
   Masking masking;
   flashhop::PackGqa pack_gqa;
-  flashhop::sm90::TileChoice choice;  // expected: ForwardParams::tile_choice
+  flashhop::sm90::TileChoice choice;  // expected: the planned recipe's tile choice
 };
 
 constexpr flashhop::sm90::TileChoice kNarrow = flashhop::sm90::TileChoice::kNarrowBand;
 constexpr flashhop::sm90::TileChoice kWide = flashhop::sm90::TileChoice::kWideBand;
 constexpr flashhop::sm90::TileChoice kShort = flashhop::sm90::TileChoice::kShortRows;
 
-class ForwardParamsWideBand : public ::testing::TestWithParam<WideBandCase> {};
+class PlanWideBand : public ::testing::TestWithParam<WideBandCase> {};
 
-TEST_P(ForwardParamsWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
+TEST_P(PlanWideBand, WideWhenTheMiddleRowSeesEnoughKeys) {
   const WideBandCase& c = GetParam();
   const ForwardPlan plan = contiguous_plan(c.problem, DType::kBFloat16);
   ForwardArgs args = bind_args(plan, fake_bases(plan), true, c.masking);
   args.pack_gqa = c.pack_gqa;
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
-  EXPECT_EQ(flashhop::detail::make_forward_params(args).tile_choice, c.choice);
+  EXPECT_EQ(flashhop::detail::plan_forward(args, {}).recipe_of().tile_choice, c.choice);
 }
 
 constexpr flashhop::PackGqa kAutoPack = flashhop::PackGqa::kAuto;
 
 // wide_band_keys(d) keys for the middle query row (without a mask: seqlen_k): 1024 at d = 64, 2048
-// at d = 128 and 256; d = 64 without a mask and d = 128 take short rows by the query rows first.
+// at d = 128 and 256; d = 64 without a mask and d = 128 take short rows by the query rows first. A
+// head dim without tiles of its own for a choice takes the default choice's recipe.
 INSTANTIATE_TEST_SUITE_P(
-    WideBands, ForwardParamsWideBand,
+    WideBands, PlanWideBand,
     ::testing::Values(WideBandCase{"causal_8k", {1, 8192, 8192, 4, 4, 64}, {true}, kAutoPack, kWide},
                       WideBandCase{"causal_8k_d128", {1, 8192, 8192, 4, 4, 128}, {true}, kAutoPack, kWide},
                       // The middle row of causal 4k sees 2049 keys, of 2k 1025.
@@ -550,31 +553,66 @@ INSTANTIATE_TEST_SUITE_P(
                       WideBandCase{"no_mask_64_queries_d128", {1, 64, 8192, 4, 4, 128}, {}, kAutoPack, kShort},
                       WideBandCase{"causal_16_queries_d128", {1, 16, 8192, 4, 4, 128}, {true}, kAutoPack, kShort},
                       WideBandCase{"causal_192_queries_d128", {1, 192, 192, 4, 4, 128}, {true}, kAutoPack, kShort},
-                      WideBandCase{"no_mask_193_queries_d128", {1, 193, 1024, 4, 4, 128}, {}, kAutoPack, kNarrow},
+                      WideBandCase{"no_mask_193_queries_d128", {1, 193, 1024, 4, 4, 128}, {}, kAutoPack, kWide},
                       // 16 queries of 4 heads per KV head pack (64 rows of a 128-row tile against 16
                       // of a 64-row one) and take the default width; 48 of 2 fill both tiles alike.
                       WideBandCase{"short_queries_packed_d128", {1, 16, 8192, 32, 8, 128}, {}, kAutoPack, kWide},
                       WideBandCase{"short_queries_gqa_unpacked_d128", {1, 48, 1000, 4, 2, 128}, {}, kAutoPack, kShort}),
     [](const ::testing::TestParamInfo<WideBandCase>& info) { return info.param.name; });
 
-TEST(ForwardParams, ResolvesPackGqa) {
+TEST(Plan, ResolvesPackGqa) {
   ForwardArgs args = with_problem({2, 1, 500, 32, 8, 128});
   ASSERT_TRUE(flashhop::validate_forward(args).ok());
-  EXPECT_TRUE(flashhop::detail::make_forward_params(args).pack_gqa);
+  EXPECT_TRUE(flashhop::detail::plan_forward(args, {}).recipe_of().pack_gqa);
   args.pack_gqa = flashhop::PackGqa::kOff;
-  EXPECT_FALSE(flashhop::detail::make_forward_params(args).pack_gqa);
+  EXPECT_FALSE(flashhop::detail::plan_forward(args, {}).recipe_of().pack_gqa);
 }
 
-TEST(ForwardParams, GivenScaleAndAbsentLse) {
+TEST(Plan, GivenScaleAndAbsentLse) {
   ForwardArgs args = valid_args();
   args.softmax_scale = 0.3f;
   args.lse.reset();
-  args.q.device = args.k.device = args.v.device = args.o.device = 3;
-  const flashhop::detail::ForwardParams params = flashhop::detail::make_forward_params(args);
-  EXPECT_EQ(params.softmax_scale, 0.3f);
-  EXPECT_EQ(params.lse, nullptr);
-  EXPECT_FALSE(params.local);
-  EXPECT_EQ(params.device, 3);
+  const flashhop::detail::ForwardPlan plan_of_call = flashhop::detail::plan_forward(args, {});
+  EXPECT_EQ(plan_of_call.params.softmax_scale, 0.3f);
+  EXPECT_EQ(plan_of_call.params.lse, nullptr);
+  EXPECT_FALSE(plan_of_call.recipe_of().local());
+}
+
+// A dimension of size 1 is never stepped over: any stride is taken, and the kernel gets one that
+// TMA accepts (below 2^40 bytes, a multiple of 16 bytes), whatever was given.
+TEST(Plan, UnitDimensionsTakeAnyStride) {
+  ForwardArgs args = with_problem({1, 1, 65, 8, 2, 128});
+  args.q.stride[0] = std::int64_t{1} << 45;
+  args.q.stride[1] = 0;
+  args.o.stride[0] = -8;
+  const flashhop::sm90::ForwardParams params = flashhop::detail::plan_forward(args, {}).params;
+  EXPECT_EQ(params.q_batch_stride, 8 * 128);  // the extent of the heads
+  EXPECT_EQ(params.q_row_stride, 8 * 128);
+  EXPECT_EQ(params.q_head_stride, 128);
+  EXPECT_EQ(params.o_batch_stride, 8 * 128);
+  EXPECT_EQ(params.k_batch_stride, args.k.stride[1] * 65);
+}
+
+TEST(Plan, DeviceFactsSizeTheWorkspaceAndTheGrid) {
+  // d = 128 without a mask, 8 tiles of 64 key tiles: one round, which splits over 132 SMs.
+  const ForwardArgs args = with_problem({1, 1024, 8192, 1, 1, 128});
+  const flashhop::detail::ForwardPlan none = flashhop::detail::plan_forward(args, {});
+  EXPECT_EQ(none.workspace_bytes, 0u);
+  const flashhop::detail::ForwardPlan h100 = flashhop::detail::plan_forward(args, {132, 50ll << 20});
+  EXPECT_GT(h100.workspace_bytes, 0u);
+  EXPECT_EQ(h100.params.num_sms, 132);
+  EXPECT_EQ(h100.params.l2_bytes, 50ll << 20);
+}
+
+TEST(Plan, ComputeCapabilityNineZeroOnly) {
+  EXPECT_TRUE(flashhop::detail::check_compute_capability(9, 0).ok());
+  for (auto [major, minor] : {std::pair{8, 0}, {8, 9}, {10, 0}, {12, 0}}) {
+    const Status status = flashhop::detail::check_compute_capability(major, minor);
+    EXPECT_EQ(status.code, StatusCode::kNotSupported);
+    const std::string found = std::to_string(major) + "." + std::to_string(minor);
+    EXPECT_NE(status.message.find("compute capability " + found), std::string::npos) << status.message;
+    EXPECT_NE(status.message.find("need 9.0"), std::string::npos) << status.message;
+  }
 }
 
 TEST(TensorDesc, MakeContiguous) {

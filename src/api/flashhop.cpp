@@ -1,4 +1,4 @@
-// The C++ entry points: validate, check the device side of the arguments, then dispatch.
+// The C++ entry points: validate, plan, check the device side of the arguments, then dispatch.
 #include "flashhop/flashhop.h"
 
 #include <algorithm>
@@ -6,9 +6,8 @@
 #include <sstream>
 #include <string>
 
-#include "api/forward_params.h"
-#include "kernels/sm90/split_round.h"
-#include "kernels/sm90/tile_config.h"
+#include "api/dispatch.h"
+#include "api/plan.h"
 
 namespace flashhop {
 
@@ -58,44 +57,16 @@ namespace {
 // Every workspace starts on this boundary (the split round's partial results move as float4).
 constexpr std::size_t kWorkspaceAlignment = 16;
 
-// With a band, the tile queue's counter (tile_scheduler.h). Without one, the counters and partial
-// results of the split last round (split_round.h), planned for the device's SM count as the kernel
-// plans it; none where no round splits, or where the SM count cannot be read (then the kernel,
-// given no workspace, splits nothing either).
-std::size_t required_workspace_bytes(const detail::ForwardParams& params) {
-  if (params.local) return sizeof(int);
-  if (params.seqlen_q == 0) return 0;
-  int num_sms = 0;
-  if (cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, params.device) != cudaSuccess) {
-    cudaGetLastError();  // the failed query's error is not this call's
-    return 0;
-  }
-  const sm90::ForwardTileConfig tile =
-      sm90::forward_tile_config(params.head_dim, /*local=*/false, params.tile_choice, params.pack_gqa);
-  const int consumers = tile.block_m / 64;
-  const sm90::SplitPolicy policy = sm90::split_policy(params.head_dim, consumers, params.pack_gqa);
-  if (policy == sm90::SplitPolicy::kNone) return 0;
-  const std::int64_t rows =
-      sm90::tile_rows_per_head(params.seqlen_q, params.nheads, params.nheads_kv, params.pack_gqa);
-  const std::int64_t num_tiles = (rows + tile.block_m - 1) / tile.block_m *
-                                 sm90::tile_heads_of(params.nheads, params.nheads_kv, params.pack_gqa) * params.batch;
-  if (num_tiles > INT32_MAX) return 0;
-  const sm90::SplitRound plan = sm90::SplitRound::plan(static_cast<int>(num_tiles),
-                                                       (params.seqlen_k + tile.block_n - 1) / tile.block_n,
-                                                       num_sms * sm90::ctas_per_sm(consumers), policy);
-  return sm90::SplitWorkspace::bytes(plan, consumers, params.head_dim_v);
-}
-
 Status cuda_error(const char* what, cudaError_t error) {
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(error)};
 }
 
 // Kernels launch on the current device, so every pointer must live there (or be managed memory).
-Status check_device_memory(const detail::ForwardParams& params) {
+Status check_device_memory(int device, const sm90::ForwardParams& params) {
   int current = -1;
   if (cudaError_t error = cudaGetDevice(&current); error != cudaSuccess) return cuda_error("cudaGetDevice", error);
-  if (current != params.device) {
-    return {StatusCode::kInvalidArgument, "q.device = " + std::to_string(params.device) +
+  if (current != device) {
+    return {StatusCode::kInvalidArgument, "q.device = " + std::to_string(device) +
                                               ": expected the current CUDA device (" + std::to_string(current) +
                                               "); call cudaSetDevice first"};
   }
@@ -134,20 +105,58 @@ Status check_device_memory(const detail::ForwardParams& params) {
   return Status::success();
 }
 
+// The device's SM count and L2 size; a CUDA error where the device cannot be asked.
+Status read_device_facts(int device, detail::DeviceFacts* facts) {
+  if (cudaError_t error = cudaDeviceGetAttribute(&facts->num_sms, cudaDevAttrMultiProcessorCount, device);
+      error != cudaSuccess) {
+    cudaGetLastError();  // the failed query's error is not a later call's
+    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)", error);
+  }
+  int l2_bytes = 0;
+  if (cudaError_t error = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); error != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrL2CacheSize)", error);
+  }
+  facts->l2_bytes = l2_bytes;
+  return Status::success();
+}
+
+// The kernels run on compute capability 9.0 only (sm_90a code does not run on later GPUs either).
+Status check_compute_capability(int device) {
+  int major = 0, minor = 0;
+  if (cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      error != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)", error);
+  }
+  if (cudaError_t error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+      error != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)", error);
+  }
+  return detail::check_compute_capability(major, minor);
+}
+
 }  // namespace
 
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: expected a pointer to write the size to"};
   if (Status status = validate_forward(args); !status.ok()) return status;
-  *bytes = required_workspace_bytes(detail::make_forward_params(args));
+  // Without a device to ask, no round is split, and the kernel, given no workspace, splits none.
+  detail::DeviceFacts device;
+  if (!read_device_facts(args.q.device, &device).ok()) device = {};
+  *bytes = detail::plan_forward(args, device).workspace_bytes;
   return Status::success();
 }
 
 Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (Status status = validate_forward(args); !status.ok()) return status;
-  detail::ForwardParams params = detail::make_forward_params(args);
+  detail::DeviceFacts device;
+  if (Status status = read_device_facts(args.q.device, &device); !status.ok()) return status;
+  if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
+  detail::ForwardPlan plan = detail::plan_forward(args, device);
 
-  const std::size_t required = required_workspace_bytes(params);
+  const std::size_t required = plan.workspace_bytes;
   if (workspace_bytes < required || (required > 0 && workspace == nullptr)) {
     return {StatusCode::kInvalidArgument, "workspace_bytes = " + std::to_string(workspace_bytes) +
                                               ": expected a workspace of at least " + std::to_string(required) +
@@ -158,14 +167,14 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
     message << "workspace = " << workspace << ": expected an address aligned to " << kWorkspaceAlignment << " bytes";
     return {StatusCode::kInvalidArgument, message.str()};
   }
-  params.workspace = required > 0 ? workspace : nullptr;
-  if (Status status = check_device_memory(params); !status.ok()) return status;
+  plan.params.workspace = required > 0 ? workspace : nullptr;
+  if (Status status = check_device_memory(args.q.device, plan.params); !status.ok()) return status;
 
   // No query rows: O and LSE are empty. (With seqlen_k == 0 the kernel still runs: it writes O = 0
   // and LSE = -inf.)
-  if (params.seqlen_q == 0) return Status::success();
+  if (plan.params.seqlen_q == 0) return Status::success();
 
-  if (Status status = detail::launch_forward_sm90(params, stream); !status.ok()) return status;
+  if (Status status = detail::launch_forward(plan, stream); !status.ok()) return status;
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return cuda_error("forward kernel launch", error);
   return Status::success();
 }

@@ -1,5 +1,5 @@
 // Every check on forward arguments, in one place. validate_forward() reads only the descriptors
-// (no device calls), so it also serves bindings and tests; make_forward_params() trusts its verdict.
+// (no device calls), so it also serves bindings and tests; the plan (plan.cpp) trusts its verdict.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,10 +8,11 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
-#include "api/forward_params.h"
 #include "flashhop/flashhop.h"
-#include "kernels/sm90/tile_config.h"
+#include "kernels/sm90/fwd_params.h"
+#include "kernels/sm90/fwd_recipes.h"
 
 namespace flashhop {
 namespace {
@@ -20,10 +21,10 @@ namespace {
 constexpr std::int64_t kRowAlignmentBytes = 16;
 // LSE is written as plain float32 stores.
 constexpr std::int64_t kLseAlignmentBytes = sizeof(float);
-// The kernels index sequences and heads with 32-bit integers.
+// The kernels index sequences and heads with 32-bit integers, and the mask band's bounds, which
+// reach past seqlen_q + seqlen_k by up to one query tile (sm90::kMaxSeqlenSum).
 constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();
-// ... and the mask band's bounds, which reach past seqlen_q + seqlen_k by up to one query tile.
-constexpr std::int64_t kMaxSeqlenSum = kMaxInt32 - 65536;
+using sm90::kMaxSeqlenSum;
 
 template <typename... Parts>
 Status fail(StatusCode code, const Parts&... parts) {
@@ -161,16 +162,44 @@ constexpr const char* kVDims[] = {"batch", "seqlen_k", "nheads_kv", "head_dim_v"
 constexpr const char* kODims[] = {"batch", "seqlen_q", "nheads", "head_dim_v"};
 constexpr const char* kLseDims[] = {"batch", "nheads", "seqlen_q"};
 
-// The (head_dim, head_dim_v) pairs the kernels are written for.
+// The (head_dim, head_dim_v) pairs that have recipes (tools/forward_recipes.py).
+bool has_recipe(std::int64_t head_dim, std::int64_t head_dim_v) {
+  for (const sm90::ForwardRecipe& recipe : sm90::kForwardRecipes) {
+    if (recipe.head_dim == head_dim && recipe.head_dim_v == head_dim_v) return true;
+  }
+  return false;
+}
+
+// "a, b and c", in the recipe table's order, each once.
+std::string listed(const std::vector<std::string>& items) {
+  std::vector<std::string> unique;
+  for (const std::string& item : items) {
+    if (std::find(unique.begin(), unique.end(), item) == unique.end()) unique.push_back(item);
+  }
+  std::string text;
+  for (std::size_t i = 0; i < unique.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == unique.size() ? " and " : ", ") + unique[i];
+  }
+  return text;
+}
+
 Status check_supported_head_dims(const Operand& q, const Operand& v) {
   const std::int64_t head_dim = q.dim(3), head_dim_v = v.dim(3);
-  if (head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
-    return fail(StatusCode::kNotSupported, dim_label(q, 3), " = ", head_dim,
-                ": supported head dims are 64, 96, 128, 192 and 256");
+  std::vector<std::string> head_dims, other_dvs, pairs;
+  for (const sm90::ForwardRecipe& recipe : sm90::kForwardRecipes) {
+    head_dims.push_back(std::to_string(recipe.head_dim));
+    if (recipe.head_dim_v == recipe.head_dim) continue;
+    pairs.push_back("(" + std::to_string(recipe.head_dim) + ", " + std::to_string(recipe.head_dim_v) + ")");
+    if (recipe.head_dim == head_dim) other_dvs.push_back(std::to_string(recipe.head_dim_v));
   }
-  if (head_dim_v != head_dim && !(head_dim == 192 && head_dim_v == 128)) {
-    return fail(StatusCode::kNotSupported, dim_label(v, 3), " = ", head_dim_v, ": expected head_dim (", head_dim,
-                ")", head_dim == 192 ? " or 128" : "", "; head_dim_v != head_dim is supported for (192, 128) only");
+  if (std::find(head_dims.begin(), head_dims.end(), std::to_string(head_dim)) == head_dims.end()) {
+    return fail(StatusCode::kNotSupported, dim_label(q, 3), " = ", head_dim, ": supported head dims are ",
+                listed(head_dims));
+  }
+  if (!has_recipe(head_dim, head_dim_v)) {
+    return fail(StatusCode::kNotSupported, dim_label(v, 3), " = ", head_dim_v, ": expected head_dim (", head_dim, ")",
+                other_dvs.empty() ? "" : " or " + listed(other_dvs), "; head_dim_v != head_dim is supported for ",
+                listed(pairs), " only");
   }
   return Status::success();
 }
@@ -281,95 +310,4 @@ Status validate_forward(const ForwardArgs& args) {
   return check_supported_head_dims(q, v);
 }
 
-namespace detail {
-
-bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows, int packed_tile_rows) {
-  if (mode != PackGqa::kAuto) return mode == PackGqa::kOn;
-  const std::int64_t packed = std::int64_t{seqlen_q} * heads_per_kv_head;
-  if (heads_per_kv_head == 1 || packed > kMaxSeqlenSum) return false;
-  // The fraction of a query tile's rows that hold queries, the last tile of each head counted.
-  const auto fill = [](std::int64_t rows, int tile) {
-    return static_cast<double>(rows) / static_cast<double>((rows + tile - 1) / tile * tile);
-  };
-  return fill(seqlen_q, tile_rows) < 0.9 * fill(packed, packed_tile_rows);
-}
-
-namespace {
-
-// Keys that the band (window_left, window_right, in ForwardParams' non-negative widths) shows query
-// row seqlen_q / 2: about the mean over the rows for a causal mask and a sliding window alike.
-int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_right) {
-  const std::int64_t diagonal = std::int64_t{seqlen_q / 2} + seqlen_k - seqlen_q;
-  const std::int64_t first = std::max<std::int64_t>(0, diagonal - window_left);
-  const std::int64_t end = std::min<std::int64_t>(seqlen_k, diagonal + window_right + 1);
-  return static_cast<int>(std::max<std::int64_t>(0, end - first));
-}
-
-}  // namespace
-
-ForwardParams make_forward_params(const ForwardArgs& args) {
-  ForwardParams params;
-  params.q = args.q.data;
-  params.k = args.k.data;
-  params.v = args.v.data;
-  params.o = args.o.data;
-  params.dtype = args.q.dtype;
-
-  params.batch = static_cast<int>(args.q.shape[0]);
-  params.seqlen_q = static_cast<int>(args.q.shape[1]);
-  params.nheads = static_cast<int>(args.q.shape[2]);
-  params.head_dim = static_cast<int>(args.q.shape[3]);
-  params.seqlen_k = static_cast<int>(args.k.shape[1]);
-  params.nheads_kv = static_cast<int>(args.k.shape[2]);
-  params.head_dim_v = static_cast<int>(args.v.shape[3]);
-
-  params.q_batch_stride = args.q.stride[0];
-  params.q_row_stride = args.q.stride[1];
-  params.q_head_stride = args.q.stride[2];
-  params.k_batch_stride = args.k.stride[0];
-  params.k_row_stride = args.k.stride[1];
-  params.k_head_stride = args.k.stride[2];
-  params.v_batch_stride = args.v.stride[0];
-  params.v_row_stride = args.v.stride[1];
-  params.v_head_stride = args.v.stride[2];
-  params.o_batch_stride = args.o.stride[0];
-  params.o_row_stride = args.o.stride[1];
-  params.o_head_stride = args.o.stride[2];
-  if (args.lse) {
-    params.lse = static_cast<float*>(args.lse->data);
-    params.lse_batch_stride = args.lse->stride[0];
-    params.lse_head_stride = args.lse->stride[1];
-    params.lse_row_stride = args.lse->stride[2];
-  }
-
-  params.softmax_scale =
-      args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
-  params.softcap = args.softcap;
-
-  // The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
-  // reaches past every key (seqlen_k on the left, seqlen_q on the right). The band hides nothing
-  // when each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and on to the
-  // last key (the first row, window_right >= seqlen_q - 1).
-  const int right = args.causal ? 0 : args.window_right;
-  params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
-  params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
-  params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
-  // Without a mask the band is all seqlen_k keys (the widths above reach past every key). Packed rows
-  // take the default choice; the unpacked rows' tiles, which packing is weighed against, their own.
-  const sm90::TileChoice default_choice = sm90::default_tile_choice(params.local);
-  const sm90::TileChoice unpacked_choice =
-      sm90::tile_choice(params.head_dim, params.local, params.seqlen_q,
-                        middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
-  const int unpacked_block_m =
-      sm90::forward_tile_config(params.head_dim, params.local, unpacked_choice, /*pack_gqa=*/false).block_m;
-  const int packed_block_m =
-      sm90::forward_tile_config(params.head_dim, params.local, default_choice, /*pack_gqa=*/true).block_m;
-  params.pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
-                                 unpacked_block_m, packed_block_m);
-  params.tile_choice = params.pack_gqa ? default_choice : unpacked_choice;
-  params.device = args.q.device;
-  return params;
-}
-
-}  // namespace detail
 }  // namespace flashhop

@@ -4,7 +4,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include "kernels/sm90/tile_config.h"
+#include "kernels/sm90/fwd_recipe.h"
 
 namespace flashhop::sm90 {
 

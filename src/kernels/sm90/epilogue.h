@@ -12,8 +12,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "api/forward_params.h"
 #include "kernels/sm90/barriers.h"
+#include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/gmma_utils.h"
 
 namespace flashhop::sm90 {
@@ -85,7 +85,7 @@ struct ForwardEpilogue {
     int64_t o_batch_stride, o_row_stride, o_head_stride;
   };
 
-  static Params to_params(detail::ForwardParams const& p) {
+  static Params to_params(ForwardParams const& p) {
     using namespace cute;
     auto mO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.o)),
                           make_shape(p.seqlen_q, HeadDimV{}, p.nheads, p.batch),

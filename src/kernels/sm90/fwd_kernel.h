@@ -8,10 +8,10 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "api/forward_params.h"
 #include "kernels/sm90/barriers.h"
 #include "kernels/sm90/epilogue.h"
 #include "kernels/sm90/fwd_mainloop.h"
+#include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/softmax.h"
 #include "kernels/sm90/split_combine.h"
 #include "kernels/sm90/tile_scheduler.h"
@@ -27,11 +27,10 @@ struct ForwardKernel {
   using Pipeline = typename Mainloop::Pipeline;
   // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
   using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
-  // Equal tiles split their last round over the CTAs (split_round.h) as kSplitPolicy allows, when
+  // Equal tiles split their last round over the CTAs (split_round.h) as the recipe allows, when
   // the workspace holds it.
-  static constexpr SplitPolicy kSplitPolicy =
-      Mask::kIsLocal ? SplitPolicy::kNone
-                     : split_policy(Mainloop::kHeadDim, Mainloop::kConsumerWarpGroups, Mainloop::kPackGqa);
+  static constexpr SplitPolicy kSplitPolicy = Mainloop::kRecipe.split;
+  static_assert(!Mask::kIsLocal || kSplitPolicy == SplitPolicy::kNone, "queued band tiles split no round");
   static constexpr bool kSplitRound = kSplitPolicy != SplitPolicy::kNone;
   using SplitMerge = SplitCombine<Mainloop::kHeadDimV, Mainloop::kConsumerWarpGroups>;
   // A part of a split tile may store nothing for one warpgroup and O for the other, which would
@@ -66,16 +65,15 @@ struct ForwardKernel {
     typename SplitMerge::Params split;  // null pointers unless the scheduler splits a round
   };
 
-  // num_sms: the device's, which the persistent grids are sized to.
-  static Params to_params(detail::ForwardParams const& p, int num_sms) {
+  static Params to_params(ForwardParams const& p) {
     // The persistent grids take kCtasPerSm CTAs per SM.
-    typename Scheduler::Params const scheduler = make_scheduler_params(p, num_sms * Mainloop::Roles::kCtasPerSm);
+    typename Scheduler::Params const scheduler = make_scheduler_params(p, p.num_sms * Mainloop::Roles::kCtasPerSm);
     typename SplitMerge::Params split{nullptr, nullptr};
     if constexpr (kSplitRound) split = SplitMerge::to_params(p.workspace, scheduler.split);
     return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), scheduler, split};
   }
 
-  static Mask make_mask(detail::ForwardParams const& p) {
+  static Mask make_mask(ForwardParams const& p) {
     if constexpr (Mask::kIsLocal) {
       return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
     } else {
@@ -83,22 +81,23 @@ struct ForwardKernel {
     }
   }
 
-  static typename Scheduler::Params make_scheduler_params(detail::ForwardParams const& p, int num_sms) {
+  // ctas: the persistent grid's size at most.
+  static typename Scheduler::Params make_scheduler_params(ForwardParams const& p, int ctas) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (Mask::kIsLocal) {
       // The K and V of one KV head, which the scheduler's tail group keeps in L2.
       std::int64_t const kv_bytes =
           std::int64_t{p.seqlen_k} * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), num_sms,
-                                  kv_bytes, heads / p.nheads_kv);
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, static_cast<int*>(p.workspace), ctas,
+                                  kv_bytes, heads / p.nheads_kv, p.l2_bytes);
     } else {
       int const key_tiles = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
-      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, num_sms, key_tiles,
+      return Scheduler::to_params(num_m_blocks(p), heads, p.batch, ctas, key_tiles,
                                   p.workspace != nullptr ? kSplitPolicy : SplitPolicy::kNone);
     }
   }
 
-  static int num_m_blocks(detail::ForwardParams const& p) {
+  static int num_m_blocks(ForwardParams const& p) {
     int const rows = Mainloop::Rows::make(p.seqlen_q, p.nheads, p.nheads_kv).rows;
     return (rows + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
   }
@@ -287,7 +286,7 @@ struct ForwardKernel {
         Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDimV>{});
         clear(o_accum);
         constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
-        OnlineSoftmax<kRows, Mainloop::kTile.softmax_chains> softmax(params.mainloop.score_scale_log2);
+        OnlineSoftmax<kRows, Mainloop::kRecipe.softmax_chains> softmax(params.mainloop.score_scale_log2);
         // The rows' LSE, and O normalised: by the mainloop where it finalizes under its last P V
         // (kTotalsUnderLastPV), else after the branch below (inside it, ptxas would move the
         // finalize above the last P V's wait).

@@ -12,19 +12,14 @@ namespace flashhop::sm90 {
 
 // Launches the forward kernel of one mainloop.
 template <class Mainloop>
-Status launch_kernel(detail::ForwardParams const& p, cudaStream_t stream) {
+Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
   using Mask = typename Mainloop::Mask;
   using Kernel = ForwardKernel<Mainloop, ForwardEpilogue<Mainloop>>;
   using Scheduler = typename Kernel::Scheduler;
 
-  int num_sms = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, p.device);
-  if (err != cudaSuccess) {
-    return {StatusCode::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(err)};
-  }
-  typename Kernel::Params const params = Kernel::to_params(p, num_sms);
+  typename Kernel::Params const params = Kernel::to_params(p);
   auto const kernel = forward_kernel<Kernel>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
   }
@@ -51,7 +46,7 @@ Status launch_kernel(detail::ForwardParams const& p, cudaStream_t stream) {
     err = cudaMemsetAsync(p.workspace, 0, counter_bytes, stream);
     if (err != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaMemsetAsync: ") + cudaGetErrorString(err)};
   }
-  kernel<<<Scheduler::grid(params.scheduler, num_sms), Kernel::kThreads, Kernel::kSharedBytes, stream>>>(params);
+  kernel<<<Scheduler::grid(params.scheduler, p.num_sms), Kernel::kThreads, Kernel::kSharedBytes, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err)};
@@ -59,16 +54,15 @@ Status launch_kernel(detail::ForwardParams const& p, cudaStream_t stream) {
   return Status::success();
 }
 
-// One configuration's kernel, or where it has one per soft-capping choice (softcap_per_kernel),
-// the kernel of the call's choice.
-template <class Element, int kHeadDim, int kHeadDimV, class Mask, bool kPackGqa, TileChoice kTileChoice>
-Status launch_forward(detail::ForwardParams const& p, cudaStream_t stream) {
+// One recipe's kernel, or where it has one per soft-capping choice (softcap_per_kernel), the
+// kernel of the call's choice.
+template <class Element, int kRecipe>
+Status launch_forward(ForwardParams const& p, cudaStream_t stream) {
   auto launch = [&](auto softcap_choice) {
-    return launch_kernel<ForwardMainloop<Element, kHeadDim, kHeadDimV, Mask, kPackGqa, kTileChoice,
-                                         decltype(softcap_choice)::value>>(p, stream);
+    return launch_kernel<ForwardMainloop<Element, kRecipe, decltype(softcap_choice)::value>>(p, stream);
   };
   using Choice = SoftcapChoice;
-  if constexpr (softcap_per_kernel(kHeadDim, Mask::kIsLocal, kTileChoice, kPackGqa)) {
+  if constexpr (kForwardRecipes[kRecipe].softcap_per_kernel) {
     if (p.softcap > 0.f) return launch(std::integral_constant<Choice, Choice::kSoftcap>{});
     return launch(std::integral_constant<Choice, Choice::kNone>{});
   } else {

@@ -10,37 +10,40 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "api/forward_params.h"
 #include "kernels/sm90/barriers.h"
+#include "kernels/sm90/fwd_params.h"
+#include "kernels/sm90/fwd_recipes.h"
 #include "kernels/sm90/gmma_utils.h"
 #include "kernels/sm90/mask.h"
 #include "kernels/sm90/query_rows.h"
 #include "kernels/sm90/softmax.h"
-#include "kernels/sm90/tile_config.h"
 
 namespace flashhop::sm90 {
 
-template <class Element_, int kHeadDim_, int kHeadDimV_, class Mask_, bool kPackGqa_, TileChoice kTileChoice_,
-          SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime>
+// How a kernel takes the call's soft-capping (softcap > 0): one kernel for both, which branches
+// on it per walk, or a kernel per choice that holds only that choice's code (the recipe's
+// softcap_per_kernel; launch_forward picks by the call's softcap).
+enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
+
+// kRecipe_: an index into kForwardRecipes (fwd_recipes.h), which fixes every choice below.
+template <class Element_, int kRecipe_, SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime>
 struct ForwardMainloop {
+  static constexpr ForwardRecipe kRecipe = kForwardRecipes[kRecipe_];
   using Element = Element_;
-  using Mask = Mask_;
-  static constexpr bool kPackGqa = kPackGqa_;
+  using Mask = cute::conditional_t<kRecipe.local(), LocalMask, NoMask>;
+  static constexpr bool kPackGqa = kRecipe.pack_gqa;
   using Rows = QueryRows<kPackGqa>;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kHeadDimV = kHeadDimV_;
-  // Whether this kernel branches on params.softcap or serves one soft-capping choice alone
-  // (softcap_per_kernel; launch_forward launches it only for calls of that choice).
+  static constexpr int kHeadDim = kRecipe.head_dim;
+  static constexpr int kHeadDimV = kRecipe.head_dim_v;
   static constexpr SoftcapChoice kSoftcapChoice = kSoftcapChoice_;
-  static constexpr ForwardTileConfig kTile = forward_tile_config(kHeadDim, Mask::kIsLocal, kTileChoice_, kPackGqa);
-  static constexpr int kBlockM = kTile.block_m;
-  static constexpr int kBlockN = kTile.block_n;
-  static constexpr int kStages = kTile.stages;
+  static constexpr int kBlockM = kRecipe.block_m;
+  static constexpr int kBlockN = kRecipe.block_n;
+  static constexpr int kStages = kRecipe.stages;
   // Each consumer warpgroup owns one 64-row wgmma atom of the query tile.
   static_assert(kBlockM % 64 == 0, "the query tile is a whole number of 64-row wgmma atoms");
   static constexpr int kConsumerWarpGroups = kBlockM / 64;
   using Roles = WarpGroups<kConsumerWarpGroups>;
-  using MmaTurns = MmaScheduler<kTile.mma_pingpong, kConsumerWarpGroups>;
+  using MmaTurns = MmaScheduler<kRecipe.mma_pingpong, kConsumerWarpGroups>;
 
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
@@ -95,19 +98,16 @@ struct ForwardMainloop {
       cute::Shape<cute::_64, HeadDimV>{}));  // (64, dv)
   static constexpr int kQKVBytes =
       (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutK> + cute::cosize_v<SmemLayoutV>) * sizeof(Element);
-  // O gets a buffer of its own when it fits next to Q and the K/V rings: the producer can then
-  // refill Q as soon as the last S GEMM has read it, while the epilogue still runs.
-  static constexpr bool kSeparateO = kQKVBytes + cute::cosize_v<SmemLayoutO> * sizeof(Element) + 2048 <= 227 * 1024;
-  // Else, without a mask and where one warpgroup's rows of O fit (d = 256 on 64-key tiles:
-  // seqlen_k below 2048), the two consumer warpgroups pass their O through that buffer in turn
-  // (epilogue.h), and the walk's last step releases Q as with a buffer of its own. H200, two
-  // sessions, against O in Q's buffer: seqlen 512 +5.8 / +2.4%, 1k +3.0 / +1.3%. The band kernels
-  // release Q after the walk either way, so the turns only cost them (causal 512 to 2k -1.4 to
-  // -3.3%); with every loading band tile releasing Q in the walk as well, level to -2.2% (H200,
-  // PERFORMANCE.md). Not with packed rows, whose stores read O from every thread.
-  static constexpr bool kTakeTurnsO =
-      !kSeparateO && kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
-      kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(Element) + 2048 <= 227 * 1024;
+  // O's buffer (the recipe's o_buffer), next to Q, the K / V rings and 2 KB for the barriers.
+  static constexpr bool kSeparateO = kRecipe.o_buffer == OBuffer::kOwn;
+  static constexpr bool kTakeTurnsO = kRecipe.o_buffer == OBuffer::kTakeTurns;
+  static_assert(!kSeparateO || kQKVBytes + cute::cosize_v<SmemLayoutO> * sizeof(Element) + 2048 <= 227 * 1024,
+                "O's own buffer does not fit");
+  // The turns go between two warpgroups that each store all their rows (unpacked, no split merge).
+  static_assert(!kTakeTurnsO || (kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
+                                 kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(Element) + 2048 <=
+                                     227 * 1024),
+                "O's buffer taken in turn needs two unpacked, unmasked warpgroups and room for one's rows");
   // Whether O passes through a buffer other than Q's.
   static constexpr bool kOOutsideQ = kSeparateO || kTakeTurnsO;
   // Whether a consumer warpgroup skips the edge key tiles its own rows do not see (mma). A skipped
@@ -116,48 +116,34 @@ struct ForwardMainloop {
   // warpgroups there is at most one: the upper one's rows end at most 64 keys before the lower
   // one's (less with packed rows), the lower one's start at most 64 after, and a tile of 64 keys
   // or more fits that gap once at most; the upper one skips only on the right edge, the lower
-  // only on the left. Key tiles as wide as the query tile (d <= 128) are left out: on a causal
-  // diagonal both warpgroups see them, only a window's left edge can leave one unseen, and the
-  // check alone cost d = 128 causal 16k 1.2% (H200, same session: 645 -> 637 TFLOP/s).
-  // With three warpgroups (192 rows) the same holds on key tiles of at least 128: the first one's
-  // rows end at most 128 keys before the last one's, and so on.
-  static constexpr bool kSkipUnseenTiles =
-      Mask::kIsLocal && kConsumerWarpGroups > 1 && kBlockN >= 64 * (kConsumerWarpGroups - 1) && kBlockN < kBlockM;
+  // only on the left. With three warpgroups (192 rows) the same holds on key tiles of at least 128.
+  static constexpr bool kSkipUnseenTiles = kRecipe.skip_unseen_key_tiles;
+  static_assert(!kSkipUnseenTiles || (Mask::kIsLocal && kConsumerWarpGroups > 1 &&
+                                      kBlockN >= 64 * (kConsumerWarpGroups - 1) && kBlockN < kBlockM),
+                "skipping unseen key tiles needs at most one such tile between two warpgroups' rows");
   // Whether a band's masked key tiles are masked by chunks of 32 keys per warp (mask.h,
   // apply_mask_by_chunks), so that the softmax skips the chunks that hold no key of the warp's rows:
   // on a causal diagonal of 128 x 128 the upper warpgroup's warps see at most 2 of 4 chunks, and
-  // each warp's rows cut only 1 or 2. tile_config.h chooses: d = 64, whose softmax is as long as
-  // its GEMMs (H100, same session, causal, against masking every column: 512 +4.3%, 1k +4.1%, 2k
-  // to 16k +1.5 to +3.5%), and d = 128's narrow bands (H200: causal 512 to 2k +1 to +3%; but 16k
-  // -1.3% in every round, though the whole-tile loop's SASS stayed the same but for a few reordered
-  // instructions). Not at d = 256 (-1 to -4%; the kernels spilled 8 to 24 bytes).
-  static constexpr bool kMaskByChunks = Mask::kIsLocal && kTile.mask_by_chunks;
+  // each warp's rows cut only 1 or 2.
+  static constexpr bool kMaskByChunks = Mask::kIsLocal && kRecipe.mask_by_chunks;
   static constexpr int kMaskChunk = 32;
   // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
-  static constexpr bool kReleaseQInWalk = kOOutsideQ && !Mask::kIsLocal;
+  static constexpr bool kReleaseQInWalk = kRecipe.release_q_in_walk;
+  static_assert(!kReleaseQInWalk || kOOutsideQ, "Q can be released in the walk only where O leaves it alone");
   // Else (not kOOutsideQ) O is written into Q's buffer. Each consumer warpgroup may write only the
   // bytes of the rows its own Q K^T GEMMs read: true when O's layout is Q's restricted to the first
   // dv columns, i.e. equal, or with swizzle atoms of 64 columns stacked over all rows before the
   // next 64 columns.
   static_assert(kOOutsideQ || kHeadDimV == kHeadDim || (kHeadDim % 64 == 0 && kHeadDimV % 64 == 0),
                 "O cannot share Q's buffer with these head dims");
-  // Where O is written into Q's buffer (not kOOutsideQ, unpacked), the next tile's Q can load only
-  // once the tile's O store has read that buffer out, so the producer prefetches it into L2 as soon
-  // as it knows the tile (prefetch_q): the load after the store then reads L2, not DRAM. H200,
-  // same session, 3 rounds against without: d = 256 causal 512 / 1k / 2k +0.5 / +0.9 / +0.7%
-  // (at 1k every round above every round without), 4k to 16k and without a mask level (-0.2 to
-  // +1.5%); d = 192 at 8k +0.7% without a mask, level causal. For every kernel (d = 64 and 128,
-  // whose O has a buffer of its own) it was not kept: d = 64 without a mask 512 -5%.
-  static constexpr bool kPrefetchNextQ = !kOOutsideQ && !kPackGqa;
+  // Where O is written into Q's buffer, the next tile's Q can load only once the tile's O store has
+  // read that buffer out, so the producer prefetches it into L2 as soon as it knows the tile
+  // (prefetch_q): the load after the store then reads L2, not DRAM.
+  static constexpr bool kPrefetchNextQ = kRecipe.prefetch_next_q;
+  static_assert(!kPrefetchNextQ || (!kOOutsideQ && !kPackGqa), "the prefetch serves unpacked Q loaded by TMA");
   // Whether the row totals that normalise O (Softmax::totals) are computed while the tensor cores
-  // run the tile's last P V rather than after it, as FA3 orders them. H200, against after, three
-  // calls of causal d = 64 and 128: d = 128 +0.4% on average (8k and 16k +0.1 to +1.5% in each, 512
-  // to 4k -1.5 to +1.7%), d = 64's narrow bands -1.0 to +0.7%; one call of the rest: d = 128
-  // without a mask 512 to 2k +0.5 to +1.2%, d = 256 causal level.
-  // With three consumer warpgroups (160 registers; d = 64's wide bands) ptxas re-scheduled the walk
-  // loops and the kernel lost 1 to 1.5% from 2k in two calls, so there the finalize stays after
-  // the last P V's wait (the kernel's machine code as before).
-  static constexpr bool kTotalsUnderLastPV = kConsumerWarpGroups <= 2;
+  // run the tile's last P V rather than after it.
+  static constexpr bool kTotalsUnderLastPV = kRecipe.totals_under_last_pv;
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
@@ -197,7 +183,7 @@ struct ForwardMainloop {
     float score_scale_log2;  // score_scale * log2(e)
   };
 
-  static Params to_params(detail::ForwardParams const& p) {
+  static Params to_params(ForwardParams const& p) {
     using namespace cute;
     // TMA descriptors need non-empty extents and a non-null address; with seqlen_k == 0 no key tile
     // is ever loaded (n_block_end is 0), so K and V borrow Q's address and a length of one.
@@ -248,17 +234,9 @@ struct ForwardMainloop {
   }
 
   // Whether a consumer warpgroup whose rows all lie past the last tile row skips the tile
-  // (skip_tile): with packed rows, in the last query tile of a KV head, where they are few
-  // (decoding: g rows in a tile of 128). H200, same session, against computing the padding rows:
-  // decoding with 4-head groups over 8192 keys, batch 8, d = 96 / 128 / 256 +7 / +5 / +27%; 16
-  // queries +6% (causal +19%). Unpacked 128-row tiles are left out (only d >= 96 with fewer than
-  // 65 queries has such a warpgroup there), so their kernels stay as they were.
-  // Unpacked 192-row band tiles (d = 64's wide bands, three warpgroups) skip: they leave whole
-  // warpgroups past the last row wherever seqlen_q is not a multiple of 192. Without a mask the
-  // check lost (H200, same session, non-causal seqlen 1k to 16k: -1 to -2%), so those tiles
-  // compute the padding rows.
-  static constexpr bool kSkipRowsPastEnd =
-      (kPackGqa && kConsumerWarpGroups > 1) || (Mask::kIsLocal && kConsumerWarpGroups > 2);
+  // (skip_tile), as in the last query tile of a KV head with packed rows (decoding: g rows in a
+  // tile of 128).
+  static constexpr bool kSkipRowsPastEnd = kRecipe.skip_rows_past_end;
   // How many of consumer warpgroup `consumer`'s 64 rows of query tile m_block exist (at most 0:
   // none), and whether they all lie past the last row.
   static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, int m_block, int consumer) {
@@ -359,9 +337,7 @@ struct ForwardMainloop {
     int const read_rows = kSkipRowsPastEnd ? cute::min(int{kBlockM}, (rows + 63) / 64 * 64) : kBlockM;
     Element const* q_batch = params.q + batch * params.q_batch_stride;
     // The rows that exist, then the zeroes, which need no row lookup: the consumers wait for the
-    // whole of Q before their first GEMM. H200, same session, against one loop over all kBlockM
-    // rows that branched per chunk: 16 packed queries over 1024 keys +21%, over 8192 +6.6%,
-    // decoding +3.6% (batch 8 over 8192 keys) and +8% (one sequence over 32k).
+    // whole of Q before their first GEMM (faster than one loop that branches per chunk).
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = lane; i < rows * kChunksPerRow; i += 32) {
       int const row = i / kChunksPerRow, col = i % kChunksPerRow * kChunk;
@@ -410,6 +386,83 @@ struct ForwardMainloop {
     }
   }
 
+  // The key walk of one kind of key tile each, down from n_block (which they leave past their
+  // tiles): step(n_block, needs_mask, softcap) computes a key tile, edge_step(n_block, softcap) a
+  // masked one that this warpgroup's rows may not see; `softcap` is a bool, or true_type /
+  // false_type in a walk compiled per soft-capping choice.
+  // The tiles cut by the band's right edge (the diagonal, the end of the keys):
+  template <class EdgeStep, class Softcap>
+  static CUTLASS_DEVICE void right_edge_tiles(KeyBlocks const& blocks, int& n_block, EdgeStep const& edge_step,
+                                              Softcap softcap) {
+    for (; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) edge_step(n_block, softcap);
+  }
+  // The whole tiles, but the highest one, which the first step took:
+  template <class Step, class Softcap>
+  static CUTLASS_DEVICE void whole_tiles(KeyBlocks const& blocks, int first_block, int& n_block, Step const& step,
+                                         Softcap softcap) {
+    if (n_block == first_block) --n_block;
+    for (; n_block >= blocks.begin && (!Mask::kIsLocal || n_block >= blocks.left_masked_below); --n_block) {
+      step(n_block, cute::false_type{}, softcap);
+    }
+  }
+  // The tiles cut by the band's left edge:
+  template <class EdgeStep, class Softcap>
+  static CUTLASS_DEVICE void left_edge_tiles(KeyBlocks const& blocks, int& n_block, EdgeStep const& edge_step,
+                                             Softcap softcap) {
+    if constexpr (Mask::kIsLocal) {
+      for (; n_block >= blocks.begin; --n_block) edge_step(n_block, softcap);
+    }
+  }
+  template <class Step, class EdgeStep, class Softcap>
+  static CUTLASS_DEVICE void walk_by_kind(KeyBlocks const& blocks, int first_block, int& n_block, Step const& step,
+                                         EdgeStep const& edge_step, Softcap softcap) {
+    right_edge_tiles(blocks, n_block, edge_step, softcap);
+    whole_tiles(blocks, first_block, n_block, step, softcap);
+    left_edge_tiles(blocks, n_block, edge_step, softcap);
+  }
+
+  // The key tiles of a query tile after its first (first_block), from n_block down to blocks.begin,
+  // in the recipe's loop shape (LoopShape: which loops are compiled, and how often, decides what
+  // ptxas can keep in registers; the evidence per recipe is in tools/forward_recipes.py).
+  // softcapped() returns the call's soft-capping as a bool, or as a type where the kernel serves
+  // one choice; needs_mask(n_block) whether key tile n_block is cut by the band.
+  template <class Step, class EdgeStep, class Softcapped, class NeedsMask>
+  static CUTLASS_DEVICE void walk_key_tiles(KeyBlocks const& blocks, int first_block, int& n_block, Step const& step,
+                                            EdgeStep const& edge_step, Softcapped const& softcapped,
+                                            NeedsMask const& needs_mask) {
+    using cute::false_type;
+    using cute::true_type;
+    constexpr LoopShape kShape = kRecipe.loop_shape;
+    static_assert(Mask::kIsLocal || kShape == LoopShape::kPerKind || kShape == LoopShape::kPerSoftcap,
+                  "without a mask the walk has no edge tiles to shape");
+    if constexpr (kShape == LoopShape::kSingle) {
+      for (; n_block >= blocks.begin; --n_block) {
+        if (n_block == first_block) continue;
+        if (needs_mask(n_block)) {
+          edge_step(n_block, softcapped());
+        } else {
+          step(n_block, false_type{}, softcapped());
+        }
+      }
+    } else if constexpr (kShape == LoopShape::kPerKind) {
+      walk_by_kind(blocks, first_block, n_block, step, edge_step, softcapped());
+    } else if constexpr (kShape == LoopShape::kWholeTilesPerSoftcap) {
+      right_edge_tiles(blocks, n_block, edge_step, softcapped());
+      if (softcapped()) {
+        whole_tiles(blocks, first_block, n_block, step, true_type{});
+      } else {
+        whole_tiles(blocks, first_block, n_block, step, false_type{});
+      }
+      left_edge_tiles(blocks, n_block, edge_step, softcapped());
+    } else if constexpr (kSoftcapChoice != SoftcapChoice::kAtRunTime) {
+      walk_by_kind(blocks, first_block, n_block, step, edge_step, softcapped());  // the kernel's one choice
+    } else if (softcapped()) {
+      walk_by_kind(blocks, first_block, n_block, step, edge_step, true_type{});
+    } else {
+      walk_by_kind(blocks, first_block, n_block, step, edge_step, false_type{});
+    }
+  }
+
   // Consumer warpgroup `consumer` (thread_idx in [0, 128 x consumers) over all consumers):
   // accumulates O of its 64 rows into `o_accum` and the row statistics into `softmax`, over the key
   // tiles `blocks` (not empty). Where kTotalsUnderLastPV it also normalises O and sets `lse` (as
@@ -440,10 +493,7 @@ struct ForwardMainloop {
     // do not depend on the thread within the warpgroup, so they equal the thread slice's, but
     // `consumer` is warp-uniform (canonical_warp_group_idx) where thread_idx is not. ptxas then keeps
     // Q's descriptors in uniform registers; from the thread slice it held them in vector registers
-    // and moved a pair over (R2UR) before every S wgmma. H200, same session, 2 rounds of the peers
-    // grid against the thread slice: d = 64 causal 2k to 16k +0.2 to +2.1%, d = 128 -0.7 to +1.6%,
-    // d = 256 without a mask level to +2.8%; d = 256 causal 512 to 2k -1.6 to -2.5% with its band
-    // kernels' single loop, which the loops per kind below turned into a gain.
+    // and moved a pair over (R2UR) before every S wgmma.
     auto warpgroup_qk = mma_qk.get_slice(consumer * kThreadsPerWarpGroup);
     auto warpgroup_pv = mma_pv.get_slice(consumer * kThreadsPerWarpGroup);
     Tensor tSrQ = warpgroup_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) smem descriptors
@@ -551,13 +601,10 @@ struct ForwardMainloop {
     PipelineState v_read = k_read;  // V of the previous key tile, consumed by the pending P V
     ++k_read;
     // The walk: key tiles blocks.end - 1 down to blocks.begin, but first_block. Its last S GEMM is
-    // this warpgroup's last read of Q. Without a mask, where O has a buffer of its own, the step
-    // that waits for it calls q_read_done, so that the next tile's Q loads while the last softmax,
-    // P V and epilogue run (H200, same session, against the release after the walk: d = 128 at 512
-    // +5%, d = 64 512 +4%, 1k to 4k +2 to +2.5%, level from 8k). Not with a band: there
-    // q_read_done reads the tile queue's next index, and that read inside the step lengthened
-    // every step (d = 128 causal 16k 2377 -> 2486 cycles, -2 to -4% in all) and spilled with three
-    // consumer warpgroups.
+    // this warpgroup's last read of Q. Where kReleaseQInWalk, the step that waits for it calls
+    // q_read_done, so that the next tile's Q loads while the last softmax, P V and epilogue run.
+    // Not with a band: there q_read_done reads the tile queue's next index, which inside the step
+    // lengthens every step.
     n_block = first_block == blocks.end - 1 ? blocks.end - 2 : blocks.end - 1;
     int const last_walked = first_block == blocks.begin ? blocks.begin + 1 : blocks.begin;
 
@@ -589,29 +636,6 @@ struct ForwardMainloop {
     // A key tile of the query tile that this warpgroup's rows do not see (skip_key_tile). The P V
     // owed from the previous tile waits for the next step.
     auto skip_step = [&] { skip_key_tile(pipeline_k, pipeline_v, k_read, consumer); };
-    // Walking down: the tiles cut by the band's right edge (diagonal, end of the keys), the whole
-    // tiles, then the tiles cut by its left edge: a loop per kind, so that the unmasked loop holds
-    // no masking code (H200, d = 128 non-causal 16k, one A/B run: 606 TFLOP/s with one loop and a
-    // branch per tile, 630 with a loop per kind). Without a band and up to d = 128, one such set of
-    // loops per soft-capping choice, so that no loop holds code it skips; with a band that makes
-    // six copies of the step, which put O's accumulator in local memory at d = 128 (a 960-byte
-    // stack frame), so there only the whole tiles' loop is compiled per soft-capping choice (four
-    // copies; H200, same session, d = 128 causal against a branch in every loop: 4k +1.9%, 8k
-    // +2.6%, 16k +2.8%, level up to 2k) and the edge loops branch on it; ptxas then waits for the
-    // pending P V after the softmax's max pass, as in the non-causal loop, instead of before it. At
-    // d = 64 that cost 2-7% up to 4k (one A/B run), so its band kernels branch in every loop. At d
-    // >= 192 even the loop pair per soft-capping choice did that (d = 256 non-causal: a 992-byte
-    // stack frame, 40 TFLOP/s), so one loop pair. With a band, d = 192 walks a single loop that
-    // branches on the mask per tile (a loop per kind made ptxas spill, 24 to 44 bytes), and so do
-    // bands of three consumer warpgroups (160 registers; d = 64 wide bands): a loop per kind
-    // spilled 168 bytes, reloaded in every loop, the single loop 40 (Q's descriptors, then in
-    // vector registers, reloaded per key tile); H200, same session, single loop against a loop per
-    // kind: d = 64 causal 8k 450 against 433 TFLOP/s, 16k 485 against 462. d = 256 bands, with Q's
-    // descriptors in uniform registers, walk a loop per kind on 80-key tiles (whole tiles per
-    // soft-capping choice put O in local memory there) and, as d = 128, whole tiles per
-    // soft-capping choice on 64-key tiles; neither touches local memory inside its loops (the
-    // 80-key kernel spills 56 / 72 bytes outside them). H200, same session, 4 rounds against the
-    // single loop: causal 512 +0.9%, 1k +2.9%, 2k +7.2%, 4k to 16k level.
     // Only edge tiles can be unseen by one warpgroup: a whole tile is seen by every row of the tile.
     auto edge_step = [&](int n_block, auto softcap) {
       if (sees_none(n_block)) {
@@ -620,54 +644,7 @@ struct ForwardMainloop {
         step(n_block, true_type{}, softcap);
       }
     };
-    auto right_edge = [&](auto softcap) {
-      for (; n_block >= blocks.begin && n_block >= blocks.right_masked_from; --n_block) edge_step(n_block, softcap);
-    };
-    auto whole_tiles = [&](auto softcap) {
-      if (n_block == first_block) --n_block;  // the highest whole tile, which the first step took
-      for (; n_block >= blocks.begin && (!Mask::kIsLocal || n_block >= blocks.left_masked_below); --n_block) {
-        step(n_block, false_type{}, softcap);
-      }
-    };
-    auto left_edge = [&](auto softcap) {
-      if constexpr (Mask::kIsLocal) {
-        for (; n_block >= blocks.begin; --n_block) edge_step(n_block, softcap);
-      }
-    };
-    auto walk = [&](auto softcap) {
-      right_edge(softcap);
-      whole_tiles(softcap);
-      left_edge(softcap);
-    };
-    constexpr bool kSingleLoop = Mask::kIsLocal && ((kHeadDim > 128 && kHeadDim < 256) || kConsumerWarpGroups > 2);
-    constexpr bool kLoopPerKind = (kHeadDim > 128 && !Mask::kIsLocal) || (Mask::kIsLocal && kHeadDim <= 64) ||
-                                  (Mask::kIsLocal && kHeadDim == 256 && kBlockN > 64);
-    if constexpr (kSingleLoop) {
-      for (; n_block >= blocks.begin; --n_block) {
-        if (n_block == first_block) continue;
-        if (needs_mask(n_block)) {
-          edge_step(n_block, softcapped());
-        } else {
-          step(n_block, false_type{}, softcapped());
-        }
-      }
-    } else if constexpr (kLoopPerKind) {
-      walk(softcapped());
-    } else if constexpr (Mask::kIsLocal) {
-      right_edge(softcapped());
-      if (softcapped()) {
-        whole_tiles(true_type{});
-      } else {
-        whole_tiles(false_type{});
-      }
-      left_edge(softcapped());
-    } else if constexpr (kSoftcapChoice != SoftcapChoice::kAtRunTime) {
-      walk(softcapped());  // a kernel of one soft-capping choice: that choice's loops alone
-    } else if (params.softcap) {
-      walk(true_type{});
-    } else {
-      walk(false_type{});
-    }
+    walk_key_tiles(blocks, first_block, n_block, step, edge_step, softcapped, needs_mask);
 
     if (!kReleaseQInWalk || blocks.end - blocks.begin == 1) q_read_done();
     Softmax::rescale(rowcol_view(o_accum), o_scale);

@@ -10,7 +10,7 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/fast_math.h>
 
-#include "kernels/sm90/tile_config.h"
+#include "kernels/sm90/fwd_recipe.h"
 
 namespace flashhop::sm90 {
 

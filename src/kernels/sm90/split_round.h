@@ -13,25 +13,9 @@
 
 #include <cutlass/cutlass.h>
 
+#include "kernels/sm90/fwd_recipe.h"
+
 namespace flashhop::sm90 {
-
-// Which round a kernel splits: none, only a single round of fewer tiles than CTAs, or the last of
-// any number. Kernels of head dim d up to 128 with one or two consumer warpgroups split. With three
-// (d = 64 without a mask, 160 registers each) the merge code made ptxas spill inside the key-tile
-// loop. d = 256 gained nothing (H200, against not splitting, same session: 2k -3%, 4k -1%, 8k and
-// 16k +0.5%): while an unsplit last round leaves SMs idle, the busy ones clock higher, and d = 256
-// draws the most power; d = 192 is left with it. d = 96 splits as d = 128 does.
-// Packed GQA rows (decoding, short queries) are bound by memory: a single round of fewer tiles
-// than SMs leaves the bandwidth of the idle SMs unused (H200, same session, split against not:
-// 8 x 8 KV heads decoding over 8192 keys, d = 128 +14%, d = 64 +43%; one over 32k keys at d = 128
-// 5.4x), but after whole rounds the busy SMs take that bandwidth, and splitting cost 1.5% (64 x 8
-// KV heads over 32k keys, d = 128). So packed rows split only a single round.
-enum class SplitPolicy { kNone, kSingleRound, kLastRound };
-
-constexpr SplitPolicy split_policy(int head_dim, int consumer_warpgroups, bool pack_gqa) {
-  if (head_dim > 128 || consumer_warpgroups > 2) return SplitPolicy::kNone;
-  return pack_gqa ? SplitPolicy::kSingleRound : SplitPolicy::kLastRound;
-}
 
 struct SplitRound {
   int whole_tiles = 0;  // tiles dealt whole, round robin: the first whole_tiles tile indices

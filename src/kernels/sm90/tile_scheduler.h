@@ -109,7 +109,7 @@ struct StaticPersistentScheduler {
 // The queue's last `tail_heads` heads are therefore interleaved, longest first across them (rank 0
 // of each, then rank 1, ...), so the run ends on the shortest tiles of all of them. The group is as
 // many heads as it takes to hold about four long tiles per CTA (enough work to even out CTAs that
-// entered it up to a long tile apart), but no more than the heads whose K/V fill kTailGroupL2Bytes:
+// entered it up to a long tile apart), but no more than the heads whose K/V fill kTailGroupL2Percent of L2:
 // its tiles run side by side and read their K/V from L2. A simulation of the queue
 // (tools/simulate_queue.py: 132 CTAs, a tile costing its key tiles plus two) puts head by head at
 // 0.89-0.95 of a perfect balance for d = 128 and 256 causal from 1k to 8k (the peers grid), the tail
@@ -120,7 +120,8 @@ struct StaticPersistentScheduler {
 // There the group only costs (H200, same session, 16k, where d = 128 and 256 have 128 query tiles
 // per head: d = 128 -1.6%, d = 256 -1% with four long tiles per CTA).
 struct CausalScheduler {
-  static constexpr std::int64_t kTailGroupL2Bytes = 48ll << 20;  // of the H200's 60 MiB L2
+  // The share of the device's L2 cache that the tail group's K/V may fill (48 MiB of the H200's 60).
+  static constexpr int kTailGroupL2Percent = 80;
 
   struct Params {
     int num_tiles;
@@ -135,26 +136,26 @@ struct CausalScheduler {
 
   // Heads of the tail group, of head_batches (heads x batch) each of num_m_blocks query tiles, over
   // ctas CTAs (all three at least 1). kv_bytes: the K and V of one KV head, read by heads_per_kv
-  // consecutive heads.
+  // consecutive heads; l2_bytes: the device's L2 cache.
   static int tail_group_heads(int num_m_blocks, int head_batches, int ctas, std::int64_t kv_bytes,
-                              int heads_per_kv) {
+                              int heads_per_kv, std::int64_t l2_bytes) {
     int const slack = ctas / 16, over = num_m_blocks % ctas;
     if (num_m_blocks + slack >= ctas && (over <= slack || over >= ctas - slack)) return 1;
     int const balance = (4 * ctas + num_m_blocks - 1) / num_m_blocks;
     std::int64_t const kv_heads_in_l2 =
-        std::max<std::int64_t>(1, kTailGroupL2Bytes / std::max<std::int64_t>(kv_bytes, 1));
+        std::max<std::int64_t>(1, l2_bytes * kTailGroupL2Percent / 100 / std::max<std::int64_t>(kv_bytes, 1));
     // Each bound is at least 1.
     return static_cast<int>(std::min<std::int64_t>({balance, kv_heads_in_l2 * heads_per_kv, head_batches}));
   }
 
-  // tile_counter: 4 bytes of workspace, zero at launch. kv_bytes and heads_per_kv: as in
+  // tile_counter: 4 bytes of workspace, zero at launch. kv_bytes, heads_per_kv and l2_bytes: as in
   // tail_group_heads.
   static Params to_params(int num_m_blocks, int nheads, int batch, int* tile_counter, int num_sms,
-                          std::int64_t kv_bytes, int heads_per_kv) {
+                          std::int64_t kv_bytes, int heads_per_kv, std::int64_t l2_bytes) {
     int const head_batches = nheads * batch;
     int const num_tiles = num_m_blocks * head_batches;
     int const ctas = std::min(num_tiles, num_sms);
-    int const tail = tail_group_heads(num_m_blocks, head_batches, ctas, kv_bytes, heads_per_kv);
+    int const tail = tail_group_heads(num_m_blocks, head_batches, ctas, kv_bytes, heads_per_kv, l2_bytes);
     return {num_tiles,
             tile_counter,
             cutlass::FastDivmod(num_m_blocks),

@@ -1,0 +1,21 @@
+// Dispatch: a plan's (dtype, recipe) to the compiled kernel that runs it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "api/plan.h"
+#include "flashhop/flashhop.h"
+
+namespace flashhop::detail {
+
+// Launches the kernel of plan.dtype and plan.recipe on `stream`; kNotSupported when this build did
+// not compile it.
+Status launch_forward(const ForwardPlan& plan, cudaStream_t stream);
+
+// kNotSupported, naming both, unless the kernels run on a device of compute capability major.minor.
+Status check_compute_capability(int major, int minor);
+
+// Whether this build compiled the kernel of `dtype` and recipe index `recipe`.
+bool forward_kernel_compiled(DType dtype, int recipe);
+
+}  // namespace flashhop::detail

@@ -1,0 +1,168 @@
+// The plan of a forward call (plan.h): the tile choice, packed GQA rows, the recipe, the kernel's
+// arguments and the workspace, from validated arguments.
+#include "api/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/sm90/split_round.h"
+
+namespace flashhop::detail {
+namespace {
+
+using sm90::kForwardRecipes;
+using sm90::TileChoice;
+
+// A band is wide when its middle query row sees at least this many keys: causal with seqlen_q =
+// seqlen_k from 2k at d = 64, where its 192-row tiles gain, and from 4k at d = 128 and 256, where
+// their wide-band tiles win (tools/forward_recipes.py).
+constexpr int wide_band_keys(int head_dim) { return head_dim <= 64 ? 1024 : 2048; }
+
+// `rows` rounded up to whole tiles of `tile` rows.
+constexpr long long padded_rows(int rows, int tile) { return (rows + tile - 1ll) / tile * tile; }
+
+// Keys that the band (window_left, window_right, in ForwardParams' non-negative widths) shows query
+// row seqlen_q / 2: about the mean over the rows for a causal mask and a sliding window alike.
+int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_right) {
+  const std::int64_t diagonal = std::int64_t{seqlen_q / 2} + seqlen_k - seqlen_q;
+  const std::int64_t first = std::max<std::int64_t>(0, diagonal - window_left);
+  const std::int64_t end = std::min<std::int64_t>(seqlen_k, diagonal + window_right + 1);
+  return static_cast<int>(std::max<std::int64_t>(0, end - first));
+}
+
+// The stride of a dimension of size 1 is never followed; it becomes the extent of the tensor's
+// other dimensions, so that any given stride (0, negative, past TMA's 2^40 bytes) is accepted.
+void normalise_unit_strides(const TensorDesc& t, std::int64_t* strides[3]) {
+  std::int64_t span = 1;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] > 1) span = std::max(span, t.stride[d] * t.shape[d]);
+  }
+  for (int d = 0; d < 3; ++d) *strides[d] = t.shape[d] == 1 ? span : t.stride[d];
+}
+
+// The workspace of a planned call: with a band, the tile queue's counter (tile_scheduler.h); without
+// one, the counters and partial results of the split round (split_round.h), planned for the
+// device's SMs as the kernel plans it; none where no round splits or the SM count is unknown (the
+// kernel, given no workspace, then splits nothing either).
+std::size_t workspace_bytes(const sm90::ForwardRecipe& recipe, const sm90::ForwardParams& p) {
+  if (recipe.local()) return sizeof(int);
+  if (p.seqlen_q == 0 || p.num_sms == 0 || recipe.split == sm90::SplitPolicy::kNone) return 0;
+  const int consumers = recipe.consumer_warpgroups();
+  const std::int64_t rows = sm90::tile_rows_per_head(p.seqlen_q, p.nheads, p.nheads_kv, recipe.pack_gqa);
+  const std::int64_t num_tiles = (rows + recipe.block_m - 1) / recipe.block_m *
+                                 sm90::tile_heads_of(p.nheads, p.nheads_kv, recipe.pack_gqa) * p.batch;
+  if (num_tiles > INT32_MAX) return 0;
+  const sm90::SplitRound plan =
+      sm90::SplitRound::plan(static_cast<int>(num_tiles), (p.seqlen_k + recipe.block_n - 1) / recipe.block_n,
+                             p.num_sms * sm90::ctas_per_sm(consumers), recipe.split);
+  return sm90::SplitWorkspace::bytes(plan, consumers, recipe.head_dim_v);
+}
+
+}  // namespace
+
+std::optional<int> find_recipe(int head_dim, int head_dim_v, bool local, bool pack_gqa, TileChoice choice) {
+  const auto find = [&](TileChoice wanted) -> std::optional<int> {
+    for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
+      const sm90::ForwardRecipe& r = kForwardRecipes[i];
+      if (r.head_dim == head_dim && r.head_dim_v == head_dim_v && r.local() == local && r.pack_gqa == pack_gqa &&
+          r.tile_choice == wanted) {
+        return i;
+      }
+    }
+    return std::nullopt;
+  };
+  if (std::optional<int> own = find(choice)) return own;
+  return find(sm90::default_tile_choice(local));
+}
+
+// Short rows, where the head dim has tiles of its own for them:
+// - d = 64 (192-row tiles): unless seqlen_q fills the 192-row tiles to at least 4/5 (a 192-row tile
+//   holding 128 queries fills two thirds);
+// - else (128-row tiles): where 128-row tiles pad seqlen_q to more than 5/4 of the rows that 64-row
+//   tiles pad it to (full 64-row tiles run slower than full 128-row ones): up to 64 queries and
+//   from 129 to 192.
+TileChoice tile_choice(int head_dim, int head_dim_v, bool local, int seqlen_q, int middle_row_keys) {
+  const std::optional<int> short_rows = find_recipe(head_dim, head_dim_v, local, false, TileChoice::kShortRows);
+  if (short_rows && kForwardRecipes[*short_rows].tile_choice == TileChoice::kShortRows) {
+    const bool few = head_dim <= 64 ? 5ll * seqlen_q < 4 * padded_rows(seqlen_q, 192)
+                                    : 4 * padded_rows(seqlen_q, 128) > 5 * padded_rows(seqlen_q, 64);
+    if (few) return TileChoice::kShortRows;
+    if (head_dim <= 64) return TileChoice::kWideBand;  // d = 64 without a mask: by the rows alone
+  }
+  return middle_row_keys >= wide_band_keys(head_dim) ? TileChoice::kWideBand : TileChoice::kNarrowBand;
+}
+
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows, int packed_tile_rows) {
+  if (mode != PackGqa::kAuto) return mode == PackGqa::kOn;
+  const std::int64_t packed = std::int64_t{seqlen_q} * heads_per_kv_head;
+  if (heads_per_kv_head == 1 || packed > sm90::kMaxSeqlenSum) return false;
+  // The fraction of a query tile's rows that hold queries, the last tile of each head counted.
+  const auto fill = [](std::int64_t rows, int tile) {
+    return static_cast<double>(rows) / static_cast<double>((rows + tile - 1) / tile * tile);
+  };
+  return fill(seqlen_q, tile_rows) < 0.9 * fill(packed, packed_tile_rows);
+}
+
+ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
+  ForwardPlan plan;
+  plan.dtype = args.q.dtype;
+  sm90::ForwardParams& params = plan.params;
+  params.q = args.q.data;
+  params.k = args.k.data;
+  params.v = args.v.data;
+  params.o = args.o.data;
+
+  params.batch = static_cast<int>(args.q.shape[0]);
+  params.seqlen_q = static_cast<int>(args.q.shape[1]);
+  params.nheads = static_cast<int>(args.q.shape[2]);
+  params.seqlen_k = static_cast<int>(args.k.shape[1]);
+  params.nheads_kv = static_cast<int>(args.k.shape[2]);
+  const int head_dim = static_cast<int>(args.q.shape[3]);
+  const int head_dim_v = static_cast<int>(args.v.shape[3]);
+
+  std::int64_t* q_strides[] = {&params.q_batch_stride, &params.q_row_stride, &params.q_head_stride};
+  std::int64_t* k_strides[] = {&params.k_batch_stride, &params.k_row_stride, &params.k_head_stride};
+  std::int64_t* v_strides[] = {&params.v_batch_stride, &params.v_row_stride, &params.v_head_stride};
+  std::int64_t* o_strides[] = {&params.o_batch_stride, &params.o_row_stride, &params.o_head_stride};
+  normalise_unit_strides(args.q, q_strides);
+  normalise_unit_strides(args.k, k_strides);
+  normalise_unit_strides(args.v, v_strides);
+  normalise_unit_strides(args.o, o_strides);
+  if (args.lse) {
+    params.lse = static_cast<float*>(args.lse->data);
+    std::int64_t* lse_strides[] = {&params.lse_batch_stride, &params.lse_head_stride, &params.lse_row_stride};
+    normalise_unit_strides(*args.lse, lse_strides);
+  }
+
+  params.softmax_scale =
+      args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
+  params.softcap = args.softcap;
+
+  // The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
+  // reaches past every key (seqlen_k on the left, seqlen_q on the right). The band hides nothing
+  // when each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and on to the
+  // last key (the first row, window_right >= seqlen_q - 1).
+  const int right = args.causal ? 0 : args.window_right;
+  params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
+  params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
+  const bool local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
+
+  // Packed rows take the default choice; the unpacked rows' tiles, which packing is weighed
+  // against, their own. Validation accepted only head dims that have recipes.
+  const TileChoice unpacked_choice =
+      tile_choice(head_dim, head_dim_v, local, params.seqlen_q,
+                  middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
+  const int unpacked = *find_recipe(head_dim, head_dim_v, local, false, unpacked_choice);
+  const int packed = *find_recipe(head_dim, head_dim_v, local, true, sm90::default_tile_choice(local));
+  const bool pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
+                                     kForwardRecipes[unpacked].block_m, kForwardRecipes[packed].block_m);
+  plan.recipe = pack_gqa ? packed : unpacked;
+
+  params.num_sms = device.num_sms;
+  params.l2_bytes = device.l2_bytes;
+  plan.workspace_bytes = workspace_bytes(plan.recipe_of(), params);
+  return plan;
+}
+
+}  // namespace flashhop::detail

@@ -1,0 +1,50 @@
+// The plan of a forward call: which compiled configuration (recipe) runs it, the kernel's
+// arguments, and the workspace it needs. Planned once per call from validated arguments and the
+// device's facts; dispatch and the workspace query read the plan, nothing derives it again.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "flashhop/flashhop.h"
+#include "kernels/sm90/fwd_params.h"
+#include "kernels/sm90/fwd_recipes.h"
+
+namespace flashhop::detail {
+
+// What the plan needs to know of the device: the persistent grids are sized to its SMs and the
+// causal queue's tail group to its L2 cache. Zeros where the device could not be asked (then no
+// round is split).
+struct DeviceFacts {
+  int num_sms = 0;
+  std::int64_t l2_bytes = 0;
+};
+
+struct ForwardPlan {
+  DType dtype = DType::kBFloat16;
+  int recipe = -1;  // index into sm90::kForwardRecipes
+  sm90::ForwardParams params;  // the workspace pointer is left null
+  std::size_t workspace_bytes = 0;
+
+  const sm90::ForwardRecipe& recipe_of() const { return sm90::kForwardRecipes[recipe]; }
+};
+
+// Plans a call whose arguments validate_forward() accepted.
+ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device);
+
+// The recipe of (d, dv, mask, packed rows) for tile choice `choice`: the head dim's own tiles for it
+// where it has some, else the default choice's (sm90::default_tile_choice); none where the head
+// dims have no recipe at all.
+std::optional<int> find_recipe(int head_dim, int head_dim_v, bool local, bool pack_gqa, sm90::TileChoice choice);
+
+// The tile choice of unpacked rows: whether the query rows are too few for the tall tiles, else
+// whether the middle query row sees at least wide_band_keys(d) keys (without a mask, seqlen_k).
+sm90::TileChoice tile_choice(int head_dim, int head_dim_v, bool local, int seqlen_q, int middle_row_keys);
+
+// Whether a call packs the query heads of a KV group into its query tiles (PackGqa): kAuto packs
+// when heads_per_kv_head > 1 and the packed rows fill their query tiles (packed_tile_rows, the
+// packed kernel's block_m) better by more than 10% than the unpacked rows fill theirs (tile_rows).
+bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows, int packed_tile_rows);
+
+}  // namespace flashhop::detail

@@ -1,0 +1,46 @@
+// The forward kernels' arguments: validated ForwardArgs, flattened by the plan (src/api/plan.cpp).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+namespace flashhop::sm90 {
+
+// The kernels compute mask bounds up to seqlen_q + seqlen_k plus a query tile in 32 bits, and
+// index packed query rows (seqlen_q * nheads / nheads_kv) likewise.
+inline constexpr std::int64_t kMaxSeqlenSum = std::numeric_limits<std::int32_t>::max() - 65536;
+
+struct ForwardParams {
+  const void* q = nullptr;  // (batch, seqlen_q, nheads, head_dim)
+  const void* k = nullptr;  // (batch, seqlen_k, nheads_kv, head_dim)
+  const void* v = nullptr;  // (batch, seqlen_k, nheads_kv, head_dim_v)
+  void* o = nullptr;        // (batch, seqlen_q, nheads, head_dim_v)
+  float* lse = nullptr;     // (batch, nheads, seqlen_q) or null
+
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, nheads = 0, nheads_kv = 0;
+
+  // Strides in elements, per (batch, seq, head); the last dimension is contiguous. The stride of a
+  // dimension of size 1 is never followed, and is written as 0 (TMA accepts strides below 2^40 bytes).
+  std::int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  std::int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  std::int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  std::int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  std::int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+
+  float softmax_scale = 1.f;
+  float softcap = 0.f;  // > 0: scores become softcap * tanh(softmax_scale * q.k / softcap)
+  // The visible band, aligned to the bottom-right corner: query i sees keys j with
+  // i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right.
+  // Both are >= 0 here: an unbounded side is written as a width that reaches past every key
+  // (window_left = seqlen_k, window_right = seqlen_q); causal is window_right = 0.
+  int window_left = 0, window_right = 0;
+  // With a band, the int counter of the tile queue (CausalScheduler), zeroed before the kernel;
+  // without, the split round's counters and partial results (split_round.h) where it splits one;
+  // else null.
+  void* workspace = nullptr;
+  // The device's SM count, which the persistent grids are sized to, and its L2 size in bytes.
+  int num_sms = 0;
+  std::int64_t l2_bytes = 0;
+};
+
+}  // namespace flashhop::sm90
