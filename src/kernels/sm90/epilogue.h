@@ -53,7 +53,7 @@ struct ForwardEpilogue {
   // Arrivals on q_free per consumer warpgroup and hand-over of Q's buffer. Packed rows of O in Q's
   // buffer are read by every thread (store_packed), and each thread arrives after its own reads, so
   // that each arrival releases exactly the reads it orders (one elected arrival after a named
-  // barrier drew racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
+  // barrier leaves racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
   // each warpgroup arrives: after its TMA store has read O, or once its warpgroup's S GEMMs no
   // longer read Q (no generic-proxy reads of the buffer to order).
   static constexpr int kQFreeArrivalsPerWarpGroup = !kOwnBuffer && kPackGqa ? kThreadsPerWarpGroup : 1;

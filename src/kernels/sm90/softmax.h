@@ -27,8 +27,8 @@ CUTLASS_DEVICE float fast_exp2(float x) {
 
 // 1 / x and log2(x) by the MUFU unit (rcp.approx: at most 1 ulp; lg2.approx: absolute error about
 // 2^-22; both flush denormals, which finalize's row sums, at least 1, never are). The IEEE division
-// and logf each took a slow-path branch or a polynomial on the chain between a tile's last P V and
-// its epilogue (H200, d = 128, a trace of the tile boundary: finalize 910 -> 381 cycles).
+// and logf put a slow-path branch or a polynomial on the chain between a tile's last P V and its
+// epilogue (a shorter tile boundary: decision log D32).
 CUTLASS_DEVICE float fast_reciprocal(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -79,7 +79,7 @@ struct OnlineSoftmax {
 
   // A row's max is raised only when a tile's scores exceed it by more than 2^8 after exp (then
   // exp(s - max) <= 256 stays well inside float and bf16). Between raises O needs no rescale, and
-  // rescale() skips a warp whose factors are all 1: after the first key tiles almost every tile.
+  // rescale() skips a warp whose factors are all 1: almost every tile past the first few (decision log D14).
   static constexpr float kMaxSlackLog2 = 8.f;
 
   float scale_log2;   // score scale * log2(e)

@@ -58,8 +58,8 @@ struct SplitCombine {
     int const t = thread_idx % kThreadsPerWarpGroup;
     // Whether the warp holds a row that exists: in the wgmma accumulator, warp w holds rows 16 w to
     // 16 w + 15. Decoding fills 4 of 64 rows (4-head groups), all in warp 0: the other warps move
-    // nothing. Decided per warp by a vote: a per-thread branch made ptxas keep the kernel's wgmma
-    // descriptors in vector registers (an R2UR pair per wgmma in every key-tile step).
+    // nothing. Decided per warp by a vote: a per-thread branch makes ptxas keep the kernel's wgmma
+    // descriptors in vector registers (an R2UR pair per wgmma in every key-tile step: decision log D59).
     bool const has_rows = __any_sync(0xffffffffu, 16 * (t / 32) < rows);
     // Values of a thread are interleaved with the other threads' in float4 units, so that each
     // warp moves 512 contiguous bytes per instruction.
@@ -88,9 +88,9 @@ struct SplitCombine {
         }
       }
       // The warpgroup's writes precede thread 0's count (the barrier), which releases them at the
-      // device scope: thread 0 waits for them to be written (2.4 to 3.6 us between the end of a
-      // part and the start of the next in an H200 trace of decoding, with the next wgmma waiting
-      // for warp 0), but not for the count.
+      // device scope: thread 0 waits for them to be written, but not for the count. The release
+      // fence delays the CTA's next part, whose first wgmma waits for warp 0 (decision log D128);
+      // the parts that do not merge never wait for one another.
       sync_epilogue(consumer);
       if (t == 0) cuda::atomic_ref<int, cuda::thread_scope_device>(*counter).fetch_add(1, cuda::memory_order_release);
       return false;
@@ -104,11 +104,11 @@ struct SplitCombine {
     // read them past L1.
     sync_epilogue(consumer);
     if (!has_rows) return true;
-    // Each load is a trip to L2 under the kernel's own DRAM traffic (H200 trace, decoding: about
-    // 1 us each). So the other parts' LSEs go in batches of kLseBatch whose loads are issued
-    // together, with a running max and sum: lse = max + log(sum of exp(lse_p - max)). Then O =
-    // sum of exp(lse_p - lse) O_p, this part's O first, then one part at a time (two parts' O in
-    // registers made ptxas spill).
+    // Each load is a trip to L2 under the kernel's own DRAM traffic (slow: decision log D128). So
+    // the other parts' LSEs go in batches of kLseBatch whose loads are issued together, with a
+    // running max and sum: lse = max + log(sum of exp(lse_p - max)). Then O = sum of
+    // exp(lse_p - lse) O_p, this part's O first, then one part at a time (two parts' O in
+    // registers make ptxas spill). The merge's form: decision log D58.
     constexpr int kLseBatch = 4;
     float const kMinusInf = -cutlass::platform::numeric_limits<float>::infinity();
     float lse_max[kRows], sum[kRows];

@@ -23,8 +23,8 @@ struct ForwardTile {
 // Tile indices are 32-bit: a tile is 128 query rows of one head, so 2^31 tiles would need a Q of
 // more than 2^31 x 128 x 64 x 2 bytes. Every division by a launch constant goes through a
 // precomputed FastDivmod (a multiply and a shift): each CTA maps a tile index to its tile once per
-// tile in each warp role, on the path between two tiles (H200, d = 64 causal, seqlen 512: 180
-// TFLOP/s with 64-bit divisions, 214 with FastDivmod, in two runs on different machine starts).
+// tile in each warp role, on the path between two tiles, where 64-bit divisions (subroutines)
+// cost short tiles much of their time (decision log D123).
 
 // Equal tiles (no causal mask), persistent: at most one CTA per SM; CTA c takes tiles c,
 // c + gridDim.x, ... Later tiles' loads overlap earlier tiles' epilogues, and no CTA start-up is
@@ -92,17 +92,17 @@ struct StaticPersistentScheduler {
 
 // Causal and window tiles differ in cost (the last query tiles see the most keys), so they are not
 // dealt statically: static striding by the SM count in query-tile order deals some CTAs mostly long
-// tiles (H200, bf16, 16k, d = 128: 457 TFLOP/s against 637 with one CTA per tile). A queue instead:
-// the tiles in order head by head, longest (last query tile) first within each head; one CTA per
-// SM, each taking its next index from a counter in global memory (`tile_counter`, zeroed before the
-// launch) a few key tiles before it ends a tile, so the tiles balance as with one CTA per tile (the
-// hardware's block dispatch), and the CTAs working at the same time share a few heads' K/V in L2.
+// tiles (decision log D3). A queue instead: the tiles in order head by head, longest (last query
+// tile) first within each head; one CTA per SM, each taking its next index from a counter in
+// global memory (`tile_counter`, zeroed before the launch) a few key tiles before it ends a tile,
+// so the tiles balance as with one CTA per tile (the hardware's block dispatch), and the CTAs
+// working at the same time share a few heads' K/V in L2.
 // Against one CTA per tile, a CTA's next tile loads while its last one ends, and no CTA start-up is
-// paid per tile. H200, bf16, same session, against one CTA per tile from 9 query tiles per head (65
-// at d = 256) and a static snake order below: d = 64 2k +10%, 4k +5%, 16k +3%; d = 128 2k +4%;
-// d = 256 1k +15%, 2k +8%; elsewhere within 2%, but for d = 64 512 (0.96, a cell whose two base
-// rounds differed by 4%). Taking the next tile as a tile starts rather than near its end lost 4%
-// at d = 128 16k (a CTA then reserves its next tile a whole tile early).
+// paid per tile (decision log D124). The next index is taken near a tile's end, once producer
+// thread 0 has issued the tile's last loads, rather than as the tile starts: taken at the start, a
+// CTA would reserve its next tile a whole tile early, while CTAs that free up sooner could have
+// taken it (decision log D125). The consumers, which need it when their last S GEMM of the tile
+// retires, read it from the TileRing.
 //
 // The tail group: head by head, the CTAs that take the last head's long tiles are those that freed
 // up first, and they end up to a whole long tile after the others, which have nothing left to take.
@@ -111,14 +111,14 @@ struct StaticPersistentScheduler {
 // many heads as it takes to hold about four long tiles per CTA (enough work to even out CTAs that
 // entered it up to a long tile apart), but no more than the heads whose K/V fill kTailGroupL2Percent of L2:
 // its tiles run side by side and read their K/V from L2. A simulation of the queue
-// (tools/simulate_queue.py: 132 CTAs, a tile costing its key tiles plus two) puts head by head at
-// 0.89-0.95 of a perfect balance for d = 128 and 256 causal from 1k to 8k (the peers grid), the tail
-// group at 0.97-0.995; H200, same session: +2 to +6% there, d = 64 +1 to +3% (PERFORMANCE.md).
+// (tools/simulate_queue.py: 132 CTAs, a tile costing its key tiles plus two) puts head by head
+// well short of a perfect balance for d = 128 and 256 causal from 1k to 8k (the peers grid), and
+// the tail group close to it; the timings agree (decision log D126).
 // Exception: when a head's query tiles number about a multiple of the CTAs, head by head already
-// balances (the simulation: 0.998 and up): with as many tiles as CTAs, the CTA that took rank i
-// frees up when the one of rank nm - 1 - i is due, so each CTA's tiles pair up into equal sums.
-// There the group only costs (H200, same session, 16k, where d = 128 and 256 have 128 query tiles
-// per head: d = 128 -1.6%, d = 256 -1% with four long tiles per CTA).
+// balances (in the simulation too): with as many tiles as CTAs, the CTA that took rank i frees up
+// when the one of rank nm - 1 - i is due, so each CTA's tiles pair up into equal sums. There the
+// group only costs, so tail_group_heads makes it one head (decision log D127): within ctas / 16
+// query tiles of a multiple of the CTAs.
 struct CausalScheduler {
   // The share of the device's L2 cache that the tail group's K/V may fill (48 MiB of the H200's 60).
   static constexpr int kTailGroupL2Percent = 80;
