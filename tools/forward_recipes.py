@@ -78,7 +78,7 @@ def derive(r):
     local = r.mask == "local"
     # O's shared-memory buffer: its own where it fits next to Q and the K / V rings (the next Q can
     # then load while the epilogue runs); else, unmasked and unpacked on two warpgroups, one
-    # warpgroup's rows taken in turn where those fit (D75); else Q's buffer once Q is read.
+    # warpgroup's rows taken in turn where those fit (D45); else Q's buffer once Q is read.
     if tensor_bytes(r, r.block_m) + BARRIER_BYTES <= SHARED_BYTES_PER_CTA:
         o_buffer = "own"
     elif (not local and not r.pack_gqa and r.consumers == 2 and
@@ -87,8 +87,8 @@ def derive(r):
     else:
         o_buffer = "in_q"
     # Which round of equal tiles is split over the CTAs by keys (split_round.h): none with a mask
-    # (its tiles come from a queue), above d = 128 (D48) or with three warpgroups (the merge spills);
-    # packed rows only a single round (D47), others the last.
+    # (its tiles come from a queue), above d = 128 or with three warpgroups (the merge spills: D121);
+    # packed rows only a single round (D51), others the last.
     if local or r.head_dims[0] > 128 or r.consumers > 2:
         split = "none"
     else:
@@ -98,15 +98,15 @@ def derive(r):
         "split": split,
         # Q released inside the walk's last step, not after it: where O leaves Q alone, unmasked (D36).
         "release_q_in_walk": o_buffer != "in_q" and not local,
-        # The next tile's Q prefetched into L2 where it must wait for this tile's O store (D62).
+        # The next tile's Q prefetched into L2 where it must wait for this tile's O store (D117, D39).
         "prefetch_next_q": o_buffer == "in_q" and not r.pack_gqa,
-        # The row totals computed under the last P V, but with three warpgroups (D57).
+        # The row totals computed under the last P V, but with three warpgroups (D99).
         "totals_under_last_pv": r.consumers <= 2,
-        # A warpgroup whose rows all lie past the last row skips the tile: packed rows (D44), and
-        # 192-row band tiles (D52).
+        # A warpgroup whose rows all lie past the last row skips the tile: packed rows (D54), and
+        # 192-row band tiles (D73).
         "skip_rows_past_end": (r.pack_gqa and r.consumers > 1) or (local and r.consumers > 2),
         # A warpgroup skips the edge key tiles its rows do not see: band tiles narrower than the
-        # query tile, where at most one such tile lies between two warpgroups' rows (D59).
+        # query tile, where at most one such tile lies between two warpgroups' rows (D41, D74).
         "skip_unseen_key_tiles": (local and r.consumers > 1 and r.block_n >= 64 * (r.consumers - 1)
                                   and r.block_n < r.block_m),
     }
@@ -123,17 +123,17 @@ def _rows():
     # behind the two others' GEMMs where the rows fill 192-row tiles.
     d = (64, 64)
     add(d, "nomask", block_m=192, block_n=128, loops="per_softcap", softmax_chains=4, softcap_per_kernel=True,
-        why="three warpgroups: each K/V tile serves 192 rows (D21); four softmax chains (D22)")
+        why="three warpgroups: each K/V tile serves 192 rows (D20); four softmax chains (D115); a kernel per soft-capping choice (D102)")
     add(d, "nomask", pack=True, block_m=64, block_n=128, loops="per_softcap", mma_pingpong=False,
-        softmax_chains=4, why="one warpgroup, two CTAs per SM: one CTA's tile boundary overlaps the other's key tiles (D23)")
+        softmax_chains=4, why="one warpgroup, two CTAs per SM: one CTA's tile boundary overlaps the other's key tiles (D48)")
     add(d, "nomask", choice="short", block_m=64, block_n=128, loops="per_softcap", mma_pingpong=False,
-        softmax_chains=4, why="query rows filling 192-row tiles below 4/5: the packed rows' 64-row tiles (D24)")
+        softmax_chains=4, why="query rows filling 192-row tiles below 4/5: the packed rows' 64-row tiles (D50)")
     add(d, "local", block_m=128, block_n=128, loops="per_kind", mask_by_chunks=True,
-        why="a 192-row tile wastes more of the diagonal tiles of narrow bands (D25); chunk masking (D26)")
+        why="a 192-row tile wastes more of the diagonal tiles of narrow bands (D114); chunk masking (D61); a loop per kind (D119)")
     add(d, "local", pack=True, block_m=64, block_n=128, loops="per_kind", mma_pingpong=False, mask_by_chunks=True,
-        why="as the unmasked packed rows (D23)")
+        why="as the unmasked packed rows (D48)")
     add(d, "local", choice="wide", block_m=192, block_n=128, loops="single", mask_by_chunks=True,
-        why="wide bands gain from 192-row tiles (D25); a single loop: a loop per kind spills at 160 registers (D27)")
+        why="wide bands gain from 192-row tiles (D114, D73, D74); a single loop: a loop per kind spills at 160 registers (D120)")
 
     # d = 96: as d = 64 on two warpgroups, with the widest key tile the registers allow unmasked.
     d = (96, 96)
@@ -142,42 +142,42 @@ def _rows():
     add(d, "local", block_m=128, block_n=128, loops="whole_per_softcap", why="narrower key tiles waste less of the diagonal")
     add(d, "local", pack=True, block_m=128, block_n=128, loops="whole_per_softcap", why="as unpacked")
 
-    # d = 128: 128 x 128 tiles (N = 176 lost to 128: D20), two warpgroups, O in a buffer of its own.
+    # d = 128: 128 x 128 tiles (N = 176 lost to 128: D10), two warpgroups, O in a buffer of its own.
     d = (128, 128)
     add(d, "nomask", block_m=128, block_n=128, loops="per_softcap", softmax_chains=4, softcap_per_kernel=True,
-        why="four softmax chains (D22); a kernel per soft-capping choice (D30)")
+        why="four softmax chains (D27); a kernel per soft-capping choice (D105)")
     add(d, "nomask", pack=True, block_m=128, block_n=128, loops="per_softcap", softmax_chains=4,
-        why="packed rows keep 128-row tiles: 64-row ones lost on short queries over long keys (D28)")
+        why="packed rows keep 128-row tiles: 64-row ones lost on short queries over long keys (D52)")
     add(d, "nomask", choice="short", block_m=64, block_n=64, loops="per_softcap", mma_pingpong=False,
-        softmax_chains=4, why="query rows that 128-row tiles pad by more than 5/4: 64 x 64, two CTAs per SM (D28)")
+        softmax_chains=4, why="query rows that 128-row tiles pad by more than 5/4: 64 x 64, two CTAs per SM (D53)")
     add(d, "local", block_m=128, block_n=128, loops="whole_per_softcap", mask_by_chunks=True,
-        why="narrow bands masked by chunks (D29); whole tiles per soft-capping choice (D31)")
+        why="narrow bands masked by chunks (D62, D63); whole tiles per soft-capping choice (D23, D118)")
     add(d, "local", pack=True, block_m=128, block_n=128, loops="whole_per_softcap", why="packed rows mask every column")
     add(d, "local", choice="wide", block_m=128, block_n=128, loops="whole_per_softcap", ptxas_register_usage_level=0,
-        why="wide bands mask every column (D29); ptxas register-usage level 0 schedules the walk better (D32)")
+        why="wide bands mask every column (D62); ptxas register-usage level 0 schedules the walk better (D98)")
     add(d, "local", choice="short", block_m=64, block_n=64, loops="whole_per_softcap", mma_pingpong=False,
-        why="as the unmasked short rows (D28)")
+        why="as the unmasked short rows (D53)")
 
     # d = 192: the widest N (a multiple of 16) that fits two stages.
     for d in ((192, 192), (192, 128)):
         why = "N = 112 fits two stages (dv = 192: 216 KB with O in Q's buffer; dv = 128: 220 KB with O's own)"
         add(d, "nomask", block_m=128, block_n=112, loops="per_kind", why=why)
         add(d, "nomask", pack=True, block_m=128, block_n=112, loops="per_kind", why=why)
-        add(d, "local", block_m=128, block_n=112, loops="single", why=why + "; a loop per kind spills (D27)")
-        add(d, "local", pack=True, block_m=128, block_n=112, loops="single", why=why + "; a loop per kind spills (D27)")
+        add(d, "local", block_m=128, block_n=112, loops="single", why=why + "; a loop per kind spills (D120)")
+        add(d, "local", pack=True, block_m=128, block_n=112, loops="single", why=why + "; a loop per kind spills (D120)")
 
     # d = 256: O alone takes 128 registers, so S stays small; 80-key tiles are the most that fits
-    # (224 KB, O in Q's buffer), 64-key tiles waste less on narrow bands and short keys (D33).
+    # (224 KB, O in Q's buffer), 64-key tiles waste less on narrow bands and short keys (D116, D31, D35); ping-pong (D11).
     d = (256, 256)
     add(d, "nomask", block_m=128, block_n=80, loops="per_kind", why="80 keys: the widest that fits with O in Q's buffer")
     add(d, "nomask", pack=True, block_m=128, block_n=80, loops="per_kind", why="as unpacked")
     add(d, "nomask", choice="narrow", block_m=128, block_n=64, loops="per_kind",
-        why="below 2048 keys 64-key tiles, with one warpgroup's O taken in turn (D33)")
+        why="below 2048 keys 64-key tiles, with one warpgroup's O taken in turn (D35, D45)")
     add(d, "local", block_m=128, block_n=64, loops="whole_per_softcap",
-        why="narrow bands on 64-key tiles (D33); whole tiles per soft-capping choice (D34)")
+        why="narrow bands on 64-key tiles (D116, D31); whole tiles per soft-capping choice (D110)")
     add(d, "local", pack=True, block_m=128, block_n=64, loops="whole_per_softcap", why="as unpacked")
     add(d, "local", choice="wide", block_m=128, block_n=80, loops="per_kind",
-        why="wide bands on 80-key tiles (D33); a loop per kind (D34)")
+        why="wide bands on 80-key tiles (D31); a loop per kind (D110)")
 
     for r in rows:
         r.derived.update(derive(r))

@@ -24,8 +24,7 @@ struct SplitRound {
   int ctas = 1;         // the grid
   // steps = steps_per_cta x ctas + steps_rest, so that first_step takes 32-bit arithmetic: each
   // role of a CTA maps its parts several times before its first load, and a 64-bit division is a
-  // subroutine of about 190 instructions (H200 trace, decoding: the producer's first tile began
-  // 1920 cycles into the kernel with them, 1550 without; decoding's time level within 1%).
+  // subroutine of about 190 instructions on the path to the first load (decision log D60).
   int steps_per_cta = 0;
   int steps_rest = 0;
 
@@ -34,9 +33,8 @@ struct SplitRound {
 
   // Splitting shortens the last round from key_tiles key tiles to steps / ctas, saving
   // key_tiles x (ctas - rest) / ctas of them; each CTA pays for it with up to two parts' start (Q
-  // load, a first GEMM that nothing overlaps) and end (the partial O written, the merge). H200,
-  // d = 128, 2048 tiles (rest 68), against not splitting, same session: 4 key tiles (2 saved)
-  // -8%, 8 (3.9 saved) -1.3%, 16 (7.8 saved) +2.6%, 128 +2.6%. So a round splits from 6 saved.
+  // load, a first GEMM that nothing overlaps) and end (the partial O written, the merge), which
+  // outweighs fewer saved key tiles (decision log D122).
   static constexpr int kMinSavedKeyTiles = 6;
 
   // num_tiles tiles of key_tiles key tiles each on a persistent grid of up to ctas CTAs (one per
