@@ -157,7 +157,7 @@ void run_and_check(const Call& call) {
     EXPECT_EQ(count_non_nan(lse_storage, DType::kFloat32), 0) << "LSE written although not requested";
   }
 
-  // The scale the kernel uses: the given one, else 1/sqrt(d) rounded to float (as make_forward_params).
+  // The scale the kernel uses: the given one, else 1/sqrt(d) rounded to float (as plan_forward).
   flashhop::reference::ScoreOptions options;
   options.softmax_scale = call.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(double(p.head_dim))));
   options.softcap = call.masking.softcap;
@@ -405,7 +405,7 @@ INSTANTIATE_TEST_SUITE_P(PackGqaSplit, ForwardGpuPackGqa, ::testing::ValuesIn(pa
                          [](const ::testing::TestParamInfo<GridCase>& info) { return name(info.param); });
 
 // ---- wide bands: d = 64's 192-row tiles, d = 256's 80-key tiles, d = 128's tiles that mask every
-// column (tile_config.h, wide_band_keys; the grid's narrow bands mask d = 64's and 128's by chunks);
+// column (plan.cpp, wide_band_keys; the grid's narrow bands mask d = 64's and 128's by chunks);
 // without a mask, rows over many keys (the grid's shorter keys take d = 256's 64-key tiles) -----
 
 std::vector<GridCase> wide_band_cases() {

@@ -14,7 +14,7 @@ inline constexpr int kMaxConsumerWarpGroups = 3;  // the named-barrier ids below
 // Warpgroup 0 is the producer (TMA issue); warpgroups 1 .. kConsumers each own 64 query rows.
 // setmaxnreg budgets: the producer only computes addresses; the consumers hold S, P and O.
 // Two consumers: 128 x (24 + 2 x 240) = 64512 of the SM's 65536 registers;
-// three: 128 x (24 + 3 x 160), as many. One consumer (d = 64's packed GQA rows, tile_config.h):
+// three: 128 x (24 + 3 x 160), as many. One consumer (d = 64's packed GQA rows: the recipe table):
 // two CTAs per SM, each 128 x (24 + 232) = 32768, half the SM's registers.
 template <int kConsumers_>
 struct WarpGroups {

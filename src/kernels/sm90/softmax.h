@@ -56,7 +56,7 @@ CUTLASS_DEVICE void apply_softcap(Scores& scores, float prescale) {
 }
 
 // op over the columns of row m of `scores` (rows, cols) in kChains > 1 interleaved chains of
-// dependent instructions, folded at the end (tile_config.h says which kernels use them, and why).
+// dependent instructions, folded at the end (the recipe table says which kernels use them, and why).
 template <int kChains, class Scores, class Op>
 CUTLASS_DEVICE float interleaved_row_reduce(Scores const& scores, int m, Op op) {
   constexpr int kCols = decltype(cute::size<1>(scores))::value;

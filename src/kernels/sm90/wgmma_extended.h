@@ -1,5 +1,5 @@
 // The wgmma instructions of key tile widths outside CuTe's default set (N = 80 at d = 256, 112 at
-// d = 192: tile_config.h), from CuTe's extended-shapes headers. Included only by the kernel files
+// d = 192: the recipe table), from CuTe's extended-shapes headers. Included only by the kernel files
 // that use them (tools/generate_instantiations.py): those headers double a file's compile time.
 // The headers are included directly rather than through CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which
 // would also change the body of CuTe's selectors in these files only.
