@@ -105,17 +105,26 @@ Status check_device_memory(int device, const sm90::ForwardParams& params) {
   return Status::success();
 }
 
-// The device's SM count and L2 size; a CUDA error where the device cannot be asked.
-Status read_device_facts(int device, detail::DeviceFacts* facts) {
-  if (cudaError_t error = cudaDeviceGetAttribute(&facts->num_sms, cudaDevAttrMultiProcessorCount, device);
-      error != cudaSuccess) {
+// One attribute of `device`; a CUDA error naming it where the device cannot be asked.
+Status device_attribute(int device, cudaDeviceAttr attribute, const char* name, int* value) {
+  if (cudaError_t error = cudaDeviceGetAttribute(value, attribute, device); error != cudaSuccess) {
     cudaGetLastError();  // the failed query's error is not a later call's
-    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)", error);
+    return cuda_error((std::string("cudaDeviceGetAttribute(") + name + ")").c_str(), error);
   }
+  return Status::success();
+}
+
+// The device's SM count and L2 size.
+Status read_device_facts(int device, detail::DeviceFacts* facts) {
   int l2_bytes = 0;
-  if (cudaError_t error = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device); error != cudaSuccess) {
-    cudaGetLastError();
-    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrL2CacheSize)", error);
+  if (Status status = device_attribute(device, cudaDevAttrMultiProcessorCount, "cudaDevAttrMultiProcessorCount",
+                                       &facts->num_sms);
+      !status.ok()) {
+    return status;
+  }
+  if (Status status = device_attribute(device, cudaDevAttrL2CacheSize, "cudaDevAttrL2CacheSize", &l2_bytes);
+      !status.ok()) {
+    return status;
   }
   facts->l2_bytes = l2_bytes;
   return Status::success();
@@ -124,15 +133,15 @@ Status read_device_facts(int device, detail::DeviceFacts* facts) {
 // The kernels run on compute capability 9.0 only (sm_90a code does not run on later GPUs either).
 Status check_compute_capability(int device) {
   int major = 0, minor = 0;
-  if (cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-      error != cudaSuccess) {
-    cudaGetLastError();
-    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor)", error);
+  if (Status status = device_attribute(device, cudaDevAttrComputeCapabilityMajor,
+                                       "cudaDevAttrComputeCapabilityMajor", &major);
+      !status.ok()) {
+    return status;
   }
-  if (cudaError_t error = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-      error != cudaSuccess) {
-    cudaGetLastError();
-    return cuda_error("cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor)", error);
+  if (Status status = device_attribute(device, cudaDevAttrComputeCapabilityMinor,
+                                       "cudaDevAttrComputeCapabilityMinor", &minor);
+      !status.ok()) {
+    return status;
   }
   return detail::check_compute_capability(major, minor);
 }
