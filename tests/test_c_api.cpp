@@ -1,5 +1,5 @@
-// The C API: status codes, null arguments, C-only fields (causal, softmax_scale 0, lse pointer,
-// use_window) and the per-thread last-error message.
+// The C API: status codes, null arguments, C-only fields (causal, use_softmax_scale,
+// lse pointer, use_window) and the per-thread last-error message.
 #include "flashhop/flashhop_c.h"
 
 #include <gtest/gtest.h>
@@ -147,14 +147,19 @@ TEST(CApi, PackGqaValues) {
   EXPECT_EQ(last_error(), "pack_gqa = 3: expected FLASHHOP_PACK_GQA_AUTO (0), _OFF (1) or _ON (2)");
 }
 
-TEST(CApi, SoftmaxScaleZeroMeansDefaultAndNanIsRejected) {
+TEST(CApi, SoftmaxScaleAppliesOnlyWithUseSoftmaxScale) {
   CArgs c;
   size_t bytes = 0;
-  c.args.softmax_scale = 0.f;
+  c.args.softmax_scale = NAN;  // ignored without use_softmax_scale
   EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
-  c.args.softmax_scale = NAN;
+  c.args.use_softmax_scale = 1;
   EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
-  EXPECT_TRUE(mentions(last_error(), "softmax_scale")) << last_error();
+  EXPECT_TRUE(mentions(last_error(), "softmax_scale = nan")) << last_error();
+  c.args.softmax_scale = 0.f;  // a scale of its own, not the default
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  c.args.use_softmax_scale = 2;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "use_softmax_scale = 2: expected 0 or 1");
 }
 
 TEST(CApi, NullLseMeansNotWritten) {

@@ -319,6 +319,7 @@ std::vector<GridCase> grid() {
       {1, 1, 1, 1, 1},       {1, 7, 7, 8, 1},        {2, 113, 113, 4, 2},   {1, 127, 129, 2, 2},
       {1, 128, 128, 16, 2},  {1, 129, 1000, 2, 1},   {1, 1000, 129, 2, 2},  {3, 65, 97, 4, 1},
       {1, 1023, 1023, 2, 1}, {1, 4097, 4097, 2, 1},  {1, 0, 5, 2, 1},       {1, 5, 0, 2, 1},
+      {0, 7, 9, 2, 1},
       {2, 1100, 300, 16, 4}, {4, 1000, 300, 8, 2},   {6, 400, 100, 32, 8},
   };
   // bf16 runs every variant; fp16 (the same kernels with another element type) the plain masks
@@ -513,6 +514,15 @@ TEST_P(ForwardGpuPackedLayout, PackedQkvPaddedOutputsGivenScale) {
   const Problem problem{2, 257, 257, 4, 2, c.dims.d, c.dims.dv};
   Call call{problem, c.dtype, c.masking.masking, strided_plan(problem, c.dtype)};
   call.softmax_scale = 0.6f / std::sqrt(float(c.dims.d));
+  run_and_check(call);
+}
+
+// A scale of 0 is a scale, not the default: every visible key weighs the same.
+TEST_P(ForwardGpuLayout, ScaleZero) {
+  const LayoutCase& c = GetParam();
+  const Problem problem{1, 130, 200, 4, 2, c.dims.d, c.dims.dv};
+  Call call{problem, c.dtype, c.masking.masking, contiguous_plan(problem, c.dtype)};
+  call.softmax_scale = 0.f;
   run_and_check(call);
 }
 

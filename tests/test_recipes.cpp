@@ -12,6 +12,7 @@
 #include "api/dispatch.h"
 #include "api/plan.h"
 #include "flashhop/flashhop.h"
+#include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 #include "test_utils.h"
 
@@ -39,6 +40,8 @@ TEST_P(Recipe, FitsTheKernelsLimits) {
   const ForwardRecipe r = GetParam();
   // One to three consumer warpgroups of one 64-row wgmma atom each (WarpGroups' register budgets).
   EXPECT_TRUE(r.block_m == 64 || r.block_m == 128 || r.block_m == 192) << r.block_m;
+  // Validation bounds the tile count in tiles of kSmallestBlockM rows, which no recipe undercuts.
+  EXPECT_GE(r.block_m, flashhop::sm90::kSmallestBlockM);
   // S = Q K^T uses block_n as the wgmma N (a multiple of 8, at most 256); P V uses it as the K of
   // 16-wide register-A wgmma steps.
   EXPECT_EQ(r.block_n % 16, 0) << r.block_n;
@@ -119,7 +122,9 @@ TEST(RecipeAgreement, ValidationAcceptsTheTablesHeadDims) {
       args.o.stride[2] = dv;
       const flashhop::Status status = flashhop::validate_forward(args);
       EXPECT_EQ(status.ok(), table.count({d, dv}) == 1) << d << " " << dv << ": " << status.message;
-      if (!status.ok()) EXPECT_EQ(status.code, flashhop::StatusCode::kNotSupported) << status.message;
+      if (!status.ok()) {
+        EXPECT_EQ(status.code, flashhop::StatusCode::kNotSupported) << status.message;
+      }
     }
   }
 }

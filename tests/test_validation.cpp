@@ -89,9 +89,6 @@ const InvalidCase kInvalidCases[] = {
     {"lse_rank_4", [](ForwardArgs& a) { a.lse->rank = 4; }, kInvalid,
      {"lse.rank = 4", "expected 3 (batch, nheads, seqlen_q)"}},
     // sizes
-    {"batch_0",
-     [](ForwardArgs& a) { a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.o.shape[0] = a.lse->shape[0] = 0; },
-     kInvalid, {"q.shape[0] (batch) = 0", "expected >= 1"}},
     {"seqlen_q_negative", [](ForwardArgs& a) { a.q.shape[1] = -1; }, kInvalid,
      {"q.shape[1] (seqlen_q) = -1", "expected >= 0"}},
     {"seqlen_k_negative", [](ForwardArgs& a) { a.k.shape[1] = a.v.shape[1] = -1; }, kInvalid,
@@ -145,6 +142,30 @@ const InvalidCase kInvalidCases[] = {
     {"lse_last_dim_not_contiguous", [](ForwardArgs& a) { a.lse->stride[2] = 2; }, kInvalid,
      {"lse.stride[2] = 2", "expected 1"}},
     {"lse_head_stride_0", [](ForwardArgs& a) { a.lse->stride[1] = 0; }, kInvalid, {"lse.stride[1] = 0"}},
+    {"q_batch_stride_at_the_tma_limit", [](ForwardArgs& a) { a.q.stride[0] = std::int64_t{1} << 39; }, kInvalid,
+     {"q.stride[0] = 549755813888", "expected below 549755813888 elements (2^40 bytes"}},
+    {"v_row_stride_past_the_tma_limit", [](ForwardArgs& a) { a.v.stride[1] = std::int64_t{1} << 45; }, kInvalid,
+     {"v.stride[1] = 35184372088832"}},
+    // outputs that share memory with another tensor
+    {"o_is_q", [](ForwardArgs& a) { a.o.data = a.q.data; }, kInvalid, {"o.data = 0x", "overlaps q's"}},
+    {"o_ends_inside_v",
+     [](ForwardArgs& a) { a.o.data = shifted(a.v.data, -(2 * 33 * 8 * 128 * 2) + 16); },  // o's 2*33*8*128 bf16
+     kInvalid, {"o.data", "overlaps v's"}},
+    {"o_starts_inside_k_through_a_stride",
+     [](ForwardArgs& a) {
+       a.o.data = shifted(a.k.data, 2 * 65 * 2 * 128 * 2 + 4096);
+       a.k.stride[0] *= 2;  // k's batches lie twice as far apart and reach over o
+     },
+     kInvalid, {"o.data", "overlaps k's"}},
+    {"lse_inside_o", [](ForwardArgs& a) { a.lse->data = shifted(a.o.data, 64); }, kInvalid,
+     {"lse.data", "overlaps o's"}},
+    // the tile schedulers' 32-bit tile numbers
+    {"query_tiles_past_their_limit",
+     [](ForwardArgs& a) {
+       a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.o.shape[0] = a.lse->shape[0] = 16;
+       a.q.shape[1] = a.o.shape[1] = a.lse->shape[2] = std::int64_t{1} << 30;  // 2^24 tiles x 8 heads x 16
+     },
+     kInvalid, {"q.shape (batch 16, seqlen_q 1073741824, nheads 8)", "query tiles, expected <= 2147418111"}},
     // pointers
     {"q_null", [](ForwardArgs& a) { a.q.data = nullptr; }, kInvalid, {"q.data = null"}},
     {"v_null", [](ForwardArgs& a) { a.v.data = nullptr; }, kInvalid, {"v.data = null"}},
@@ -188,6 +209,8 @@ const InvalidCase kInvalidCases[] = {
      [](ForwardArgs& a) {
        a.pack_gqa = flashhop::PackGqa::kOn;
        a.q.shape[1] = a.o.shape[1] = a.lse->shape[2] = std::int64_t{1} << 29;  // x 4 heads per KV head
+       a.o.data = shifted(a.q.data, std::int64_t{1} << 42);  // past q's 2^40 bytes
+       a.lse->data = shifted(a.q.data, std::int64_t{1} << 43);
      },
      kInvalid, {"pack_gqa = on: seqlen_q * nheads / nheads_kv = 2147483648", "expected <= 2147418111"}},
     // valid but not supported
@@ -221,10 +244,11 @@ TEST_P(ValidArguments, Accepted) {
   EXPECT_TRUE(status.ok()) << status.message;
   std::size_t bytes = 1;
   EXPECT_TRUE(flashhop::forward_workspace_size(args, &bytes).ok());
-  // A band's tiles run from a queue, whose counter takes 4 bytes. Without one, these shapes' few
-  // key tiles split nothing, but for the 2^31 keys of seqlen_sum_at_its_limit, whose few tiles'
-  // one round splits over the SMs where a device is present (split_round.h).
-  if (flashhop::detail::plan_forward(args, {}).recipe_of().local()) {
+  // A band's tiles run from a queue, whose counter takes 4 bytes, where there are tiles. Without
+  // one, these shapes' few key tiles split nothing, but for the 2^31 keys of seqlen_sum_at_its_limit,
+  // whose few tiles' one round splits over the SMs where a device is present (split_round.h).
+  const bool has_tiles = args.q.shape[0] > 0 && args.q.shape[1] > 0;
+  if (flashhop::detail::plan_forward(args, {}).recipe_of().local() && has_tiles) {
     EXPECT_EQ(bytes, 4u);
   } else if (std::string(GetParam().name) != "seqlen_sum_at_its_limit") {
     EXPECT_EQ(bytes, 0u);
@@ -271,6 +295,43 @@ const ValidCase kValidCases[] = {
        return args;
      }},
     {"mqa_all_heads_share_one", [] { return with_problem({1, 17, 17, 16, 1, 128}); }},
+    {"batch_0_null_everywhere",
+     [] {
+       const ForwardPlan plan = contiguous_plan({0, 33, 65, 8, 2, 128}, DType::kBFloat16);
+       return bind_args(plan, {nullptr, nullptr, nullptr, nullptr, nullptr}, true, Masking{/*causal=*/true});
+     }},
+    {"query_tiles_at_their_limit",
+     [] {
+       // 2^24 tiles of 64 rows x 8 heads x 15 batches = 2013265920 tiles. The 2^30 rows take about
+       // 2^41 bytes of q and of o and 2^32 of lse, so o and lse move past the others.
+       ForwardArgs args = valid_args();
+       args.q.shape[0] = args.k.shape[0] = args.v.shape[0] = args.o.shape[0] = args.lse->shape[0] = 15;
+       args.q.shape[1] = args.o.shape[1] = args.lse->shape[2] = std::int64_t{1} << 30;
+       args.o.data = shifted(args.q.data, std::int64_t{1} << 43);
+       args.lse->data = shifted(args.q.data, std::int64_t{1} << 44);
+       return args;
+     }},
+    {"o_right_after_v",
+     [] {
+       ForwardArgs args = valid_args();
+       args.o.data = shifted(args.v.data, 2 * 65 * 2 * 128 * 2);
+       return args;
+     }},
+    {"q_and_k_and_v_share_memory",
+     [] {
+       ForwardArgs args = valid_args();
+       args.k.data = args.v.data = args.q.data;
+       return args;
+     }},
+    {"unit_dimensions_with_any_stride",
+     [] {
+       ForwardArgs args = with_problem({1, 1, 65, 8, 2, 128});
+       args.q.stride[0] = std::int64_t{1} << 45;
+       args.q.stride[1] = 0;
+       args.o.stride[0] = -8;
+       args.k.stride[0] = 7;
+       return args;
+     }},
     {"seqlen_q_0_null_q_o_lse",
      [] {
        const ForwardPlan plan = contiguous_plan({1, 0, 5, 2, 1, 128}, DType::kBFloat16);
@@ -287,6 +348,9 @@ const ValidCase kValidCases[] = {
      [] {
        ForwardArgs args = valid_args();  // seqlen_q = 33
        args.k.shape[1] = args.v.shape[1] = std::numeric_limits<std::int32_t>::max() - 65536 - 33;
+       // k and v now take about 2^40 bytes each: o and lse move past them.
+       args.o.data = shifted(args.k.data, std::int64_t{1} << 42);
+       args.lse->data = shifted(args.k.data, std::int64_t{1} << 43);
        return args;
      }},
     {"packed_qkv_padded_o_and_lse",
@@ -326,6 +390,8 @@ TEST(Validation, TileQueueAsksForAWorkspace) {
     std::size_t bytes;
   } cases[] = {
       {{1, 1, 1, 8, 8, 128}, causal, 0},  // one query and one key: nothing to mask
+      {{0, 1024, 1024, 8, 8, 64}, causal, 0},  // no batch, no tiles
+      {{1, 0, 1024, 8, 8, 64}, causal, 0},
       {{1, 1024, 1024, 8, 8, 64}, causal, 4},
       {{1, 1024, 1024, 8, 8, 128}, Masking{}, 0},  // 64 tiles of 8 key tiles: a split saves too little
       {{1, 8192, 8192, 8, 8, 128}, Masking{false, 256, 256}, 4},

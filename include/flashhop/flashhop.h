@@ -7,8 +7,10 @@
 //   O   (batch, seqlen_q, nheads,    dv)
 //   LSE (batch, nheads, seqlen_q), float32, natural log; optional.
 // Strides are in elements; the last dimension must be contiguous and every other stride must give
-// 16-byte aligned rows. nheads % nheads_kv == 0 (GQA / MQA). Head dims (d, dv): 64, 96, 128, 192,
-// 256 with dv = d, and (192, 128).
+// 16-byte aligned rows and stay below 2^40 bytes (size-1 dimensions take any stride). O and LSE
+// share no memory with any other tensor (Q, K and V may share theirs). nheads % nheads_kv == 0
+// (GQA / MQA). batch and the sequence lengths may be 0. Head dims (d, dv): 64, 96, 128, 192, 256
+// with dv = d, and (192, 128).
 //
 // Masks are aligned to the bottom-right corner, as FlashAttention's: with offset = seqlen_k - seqlen_q,
 // causal lets query i attend to keys j <= i + offset; a sliding window (window_left, window_right)
@@ -83,8 +85,8 @@ struct ForwardArgs {
   PackGqa pack_gqa = PackGqa::kAuto;
 };
 
-// Bytes of device workspace `forward` needs for these arguments (validates them first): 4 with a
-// causal or window mask (the counter of the kernel's tile queue); without a mask at head dims 96
+// Bytes of device workspace `forward` needs for these arguments (validates them first): none
+// without query rows; 4 with a causal or window mask (the counter of the kernel's tile queue); without a mask at head dims 96
 // and 128, and at 64 on its 64-row tiles (packed GQA rows, short query sequences), when the tiles
 // leave a last round (or a single one, as in decoding) that pays to split over the device's SMs by
 // keys, room for the split's partial results (for the current device's SM count, up to about

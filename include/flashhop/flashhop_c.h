@@ -40,7 +40,8 @@ typedef struct {
 typedef struct {
   flashhop_tensor_t q, k, v, o;
   const flashhop_tensor_t* lse; /* NULL: not written */
-  float softmax_scale;          /* 0: default 1/sqrt(d) */
+  int use_softmax_scale;        /* 0: default 1/sqrt(d); 1: softmax_scale applies (0 included) */
+  float softmax_scale;          /* with use_softmax_scale: the scale of the scores, >= 0 */
   int causal;                   /* 0 or 1 */
   int use_window;               /* 0: no sliding window; 1: window_left and window_right apply */
   int window_left;              /* with use_window: keys left of the diagonal, -1 unbounded */

@@ -48,6 +48,7 @@ class _ForwardArgs(ctypes.Structure):
         ("v", _Tensor),
         ("o", _Tensor),
         ("lse", ctypes.POINTER(_Tensor)),
+        ("use_softmax_scale", ctypes.c_int),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
         ("use_window", ctypes.c_int),
@@ -113,12 +114,10 @@ def _window_width(name, width):
 def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa):
     """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
     be the current device. The window is always given, (-1, -1) being none."""
-    if softmax_scale == 0.0:
-        # The C API cannot carry a scale of 0: it reads 0 as "use the default".
-        raise ValueError("flashhop: softmax_scale = 0.0 is not supported; pass None for 1/sqrt(head_dim)")
     lse_desc = _describe("lse", lse)
     args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
                         lse=ctypes.pointer(lse_desc),
+                        use_softmax_scale=int(softmax_scale is not None),
                         softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal),
                         use_window=1, window_left=_window_width("window_left", window_left),
                         window_right=_window_width("window_right", window_right), softcap=softcap,

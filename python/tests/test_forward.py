@@ -161,7 +161,7 @@ def test_pack_gqa_on_equals_off(seqlen_q, seqlen_k, features, nheads, nheads_kv)
     assert_matches_reference(*on, q, k, v, expected=off, **FEATURES[features])
 
 
-@pytest.mark.parametrize("softmax_scale", [0.01, 0.3, 1.0])
+@pytest.mark.parametrize("softmax_scale", [0.0, 0.01, 0.3, 1.0])
 def test_softmax_scale(softmax_scale):
     q, k, v = random_qkv(2, 150, 150, 4, 4, 128)
     out, lse = _run(q, k, v, softmax_scale)
@@ -228,3 +228,14 @@ def test_scaled_dot_product_attention_layout(seqlen_q, seqlen_k, is_causal, nhea
     assert out.shape == query.shape
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     assert_matches_reference(out.transpose(1, 2), None, q, k, v, causal=is_causal, top_left=True)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_batch_zero_gives_empty_outputs(is_causal):
+    query, key, value = (t.transpose(1, 2) for t in random_qkv(0, 33, 65, 8, 2, 128))
+    out = skip_unless_built(flashhop.scaled_dot_product_attention, query, key, value, is_causal=is_causal,
+                            enable_gqa=True)
+    assert out.shape == query.shape
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out, lse = flashhop.flash_attn_func(q, k, v, causal=is_causal, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (0, 8, 33)

@@ -71,17 +71,18 @@ Status check_device_memory(int device, const sm90::ForwardParams& params) {
                                               "); call cudaSetDevice first"};
   }
   // An empty tensor is never dereferenced, and its pointer may be null or one past an allocation
-  // (an empty slice), which the runtime attributes to no device. Validation guarantees batch, head
-  // counts and head dims >= 1, so only a sequence length of 0 empties a tensor.
+  // (an empty slice), which the runtime attributes to no device. Validation guarantees head counts
+  // and head dims >= 1, so only a batch or a sequence length of 0 empties a tensor.
+  const bool rows = params.batch > 0 && params.seqlen_q > 0, keys = params.batch > 0 && params.seqlen_k > 0;
   const struct {
     const char* name;
     const void* data;
     bool has_elements;
-  } pointers[] = {{"q.data", params.q, params.seqlen_q > 0},
-                  {"k.data", params.k, params.seqlen_k > 0},
-                  {"v.data", params.v, params.seqlen_k > 0},
-                  {"o.data", params.o, params.seqlen_q > 0},
-                  {"lse.data", params.lse, params.lse != nullptr && params.seqlen_q > 0},
+  } pointers[] = {{"q.data", params.q, rows},
+                  {"k.data", params.k, keys},
+                  {"v.data", params.v, keys},
+                  {"o.data", params.o, rows},
+                  {"lse.data", params.lse, params.lse != nullptr && rows},
                   {"workspace", params.workspace, params.workspace != nullptr}};
   for (const auto& [name, data, has_elements] : pointers) {
     if (!has_elements) continue;
@@ -160,10 +161,11 @@ Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes) {
 
 Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (Status status = validate_forward(args); !status.ok()) return status;
+  // Argument errors come before the device's: the workspace is checked against the plan for the
+  // facts that could be read (none where the device cannot be asked), then the device's error, if any.
   detail::DeviceFacts device;
-  if (Status status = read_device_facts(args.q.device, &device); !status.ok()) return status;
-  if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
-  detail::ForwardPlan plan = detail::plan_forward(args, device);
+  const Status device_status = read_device_facts(args.q.device, &device);
+  detail::ForwardPlan plan = detail::plan_forward(args, device_status.ok() ? device : detail::DeviceFacts{});
 
   const std::size_t required = plan.workspace_bytes;
   if (workspace_bytes < required || (required > 0 && workspace == nullptr)) {
@@ -176,12 +178,14 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
     message << "workspace = " << workspace << ": expected an address aligned to " << kWorkspaceAlignment << " bytes";
     return {StatusCode::kInvalidArgument, message.str()};
   }
+  if (!device_status.ok()) return device_status;
+  if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
   plan.params.workspace = required > 0 ? workspace : nullptr;
   if (Status status = check_device_memory(args.q.device, plan.params); !status.ok()) return status;
 
   // No query rows: O and LSE are empty. (With seqlen_k == 0 the kernel still runs: it writes O = 0
   // and LSE = -inf.)
-  if (plan.params.seqlen_q == 0) return Status::success();
+  if (plan.params.batch == 0 || plan.params.seqlen_q == 0) return Status::success();
 
   if (Status status = detail::launch_forward(plan, stream); !status.ok()) return status;
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return cuda_error("forward kernel launch", error);

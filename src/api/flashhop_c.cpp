@@ -70,6 +70,10 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
     return {flashhop::StatusCode::kInvalidArgument,
             "causal = " + std::to_string(args->causal) + ": expected 0 or 1"};
   }
+  if (args->use_softmax_scale != 0 && args->use_softmax_scale != 1) {
+    return {flashhop::StatusCode::kInvalidArgument,
+            "use_softmax_scale = " + std::to_string(args->use_softmax_scale) + ": expected 0 or 1"};
+  }
   if (args->use_window != 0 && args->use_window != 1) {
     return {flashhop::StatusCode::kInvalidArgument,
             "use_window = " + std::to_string(args->use_window) + ": expected 0 or 1"};
@@ -84,7 +88,7 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
   out->v = to_cpp(args->v);
   out->o = to_cpp(args->o);
   if (args->lse != nullptr) out->lse = to_cpp(*args->lse);
-  if (args->softmax_scale != 0.f) out->softmax_scale = args->softmax_scale;
+  if (args->use_softmax_scale == 1) out->softmax_scale = args->softmax_scale;
   out->causal = args->causal == 1;
   if (args->use_window == 1) {
     out->window_left = args->window_left;

@@ -46,13 +46,13 @@ void normalise_unit_strides(const TensorDesc& t, std::int64_t* strides[3]) {
 // device's SMs as the kernel plans it; none where no round splits or the SM count is unknown (the
 // kernel, given no workspace, then splits nothing either).
 std::size_t workspace_bytes(const sm90::ForwardRecipe& recipe, const sm90::ForwardParams& p) {
+  if (p.batch == 0 || p.seqlen_q == 0) return 0;
   if (recipe.local()) return sizeof(int);
-  if (p.seqlen_q == 0 || p.num_sms == 0 || recipe.split == sm90::SplitPolicy::kNone) return 0;
+  if (p.num_sms == 0 || recipe.split == sm90::SplitPolicy::kNone) return 0;
   const int consumers = recipe.consumer_warpgroups();
   const std::int64_t rows = sm90::tile_rows_per_head(p.seqlen_q, p.nheads, p.nheads_kv, recipe.pack_gqa);
   const std::int64_t num_tiles = (rows + recipe.block_m - 1) / recipe.block_m *
                                  sm90::tile_heads_of(p.nheads, p.nheads_kv, recipe.pack_gqa) * p.batch;
-  if (num_tiles > INT32_MAX) return 0;
   const sm90::SplitRound plan =
       sm90::SplitRound::plan(static_cast<int>(num_tiles), (p.seqlen_k + recipe.block_n - 1) / recipe.block_n,
                              p.num_sms * sm90::ctas_per_sm(consumers), recipe.split);

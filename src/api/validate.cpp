@@ -104,19 +104,30 @@ Status check_dim_matches(const Operand& t, int d, const Operand& source, int sou
   return Status::success();
 }
 
-// Last dimension contiguous; every other stride positive and a whole number of `alignment_bytes`.
-Status check_strides(const Operand& t, std::int64_t alignment_bytes) {
+// TMA addresses global memory with strides below 2^40 bytes.
+constexpr std::int64_t kTmaStrideLimitBytes = std::int64_t{1} << 40;
+
+// Last dimension contiguous; every other stride, but those of size-1 dimensions (never stepped
+// along; the plan replaces them), positive, a whole number of `alignment_bytes` and below
+// `limit_bytes`.
+Status check_strides(const Operand& t, std::int64_t alignment_bytes, std::optional<std::int64_t> limit_bytes) {
   const int last = t.expected_rank - 1;
   if (t.desc.stride[last] != 1) {
     return invalid(t.name, ".stride[", last, "] = ", t.desc.stride[last],
                    ": expected 1 (the last dimension must be contiguous)");
   }
-  const std::int64_t multiple = alignment_bytes / static_cast<std::int64_t>(dtype_size(t.desc.dtype));
+  const std::int64_t element_bytes = static_cast<std::int64_t>(dtype_size(t.desc.dtype));
+  const std::int64_t multiple = alignment_bytes / element_bytes;
   for (int d = 0; d < last; ++d) {
     const std::int64_t stride = t.desc.stride[d];
+    if (t.dim(d) == 1) continue;
     if (stride < 1 || stride % multiple != 0) {
       return invalid(t.name, ".stride[", d, "] = ", stride, ": expected a positive multiple of ", multiple,
                      " elements (", alignment_bytes, "-byte aligned ", dtype_name(t.desc.dtype), " rows)");
+    }
+    if (limit_bytes && stride >= *limit_bytes / element_bytes) {
+      return invalid(t.name, ".stride[", d, "] = ", stride, ": expected below ", *limit_bytes / element_bytes,
+                     " elements (2^40 bytes, the TMA's limit)");
     }
   }
   return Status::success();
@@ -139,6 +150,33 @@ Status check_data(const Operand& t, std::int64_t alignment_bytes) {
 Status check_same_device(const Operand& t, const Operand& q) {
   if (t.desc.device != q.desc.device) {
     return invalid(t.name, ".device = ", t.desc.device, ": expected ", q.desc.device, " (q.device)");
+  }
+  return Status::success();
+}
+
+// The bytes [begin, end) that a tensor's elements occupy; empty for a tensor without elements.
+struct Span {
+  unsigned __int128 begin = 0, end = 0;
+};
+
+Span span_of(const Operand& t) {
+  if (t.has_zero_elements()) return {};
+  unsigned __int128 extent = 1;  // in elements; strides are positive where a dimension has size > 1
+  for (int d = 0; d < t.expected_rank; ++d) {
+    if (t.dim(d) > 1) extent += static_cast<unsigned __int128>(t.dim(d) - 1) * t.desc.stride[d];
+  }
+  const auto begin = static_cast<unsigned __int128>(reinterpret_cast<std::uintptr_t>(t.desc.data));
+  return {begin, begin + extent * dtype_size(t.desc.dtype)};
+}
+
+// An output must not share memory with an operand it is computed from or with another output: the
+// kernels read the inputs while the outputs are written.
+Status check_no_overlap(const Operand& output, const Operand& other) {
+  const Span a = span_of(output), b = span_of(other);
+  if (a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end) {
+    return invalid(output.name, ".data = 0x", std::hex, reinterpret_cast<std::uintptr_t>(output.desc.data),
+                   std::dec, ": its memory overlaps ", other.name,
+                   "'s; expected an output that shares no memory with the other tensors");
   }
   return Status::success();
 }
@@ -221,6 +259,13 @@ Status check_mask_and_softcap(const ForwardArgs& args) {
   return Status::success();
 }
 
+// Whether the query tiles of the smallest height are few enough for the tile schedulers; packing a
+// KV group's heads into the rows makes no more of them. The shape's sizes fit int32 here.
+bool query_tiles_fit(const Operand& q) {
+  const std::int64_t per_batch = (q.dim(1) + sm90::kSmallestBlockM - 1) / sm90::kSmallestBlockM * q.dim(2);
+  return q.dim(0) == 0 || per_batch <= sm90::kMaxQueryTiles / q.dim(0);
+}
+
 // Packed rows are seqlen_q * (nheads / nheads_kv) per KV head, indexed in 32 bits like sequences.
 std::int64_t packed_rows(const Operand& q, const Operand& k) { return q.dim(1) * (q.dim(2) / k.dim(2)); }
 
@@ -267,7 +312,7 @@ Status validate_forward(const ForwardArgs& args) {
   // v defines head_dim_v.
   checks << check_nonnegative_dims(q) << check_nonnegative_dims(k) << check_nonnegative_dims(v)
          << check_nonnegative_dims(o);
-  checks << check_dim_at_least_one(q, 0) << check_dim_at_least_one(q, 2) << check_dim_at_least_one(q, 3)
+  checks << check_dim_at_least_one(q, 2) << check_dim_at_least_one(q, 3)
          << check_dim_at_least_one(k, 2);
   checks << check_dim_fits_int32(q, 0) << check_dim_fits_int32(q, 1) << check_dim_fits_int32(q, 2)
          << check_dim_fits_int32(k, 1) << check_dim_fits_int32(k, 2);
@@ -288,12 +333,20 @@ Status validate_forward(const ForwardArgs& args) {
   if (q.dim(2) % k.dim(2) != 0) {
     return invalid(dim_label(k, 2), " = ", k.dim(2), ": nheads (", q.dim(2), ") must be a multiple of it");
   }
+  if (!query_tiles_fit(q)) {
+    return invalid("q.shape (batch ", q.dim(0), ", seqlen_q ", q.dim(1), ", nheads ", q.dim(2),
+                   "): batch * ceil(seqlen_q / ", sm90::kSmallestBlockM, ") * nheads query tiles, expected <= ",
+                   sm90::kMaxQueryTiles);
+  }
 
   // Memory: strides, pointers, devices.
   for (const Operand* t : {&q, &k, &v, &o}) {
-    checks << check_strides(*t, kRowAlignmentBytes) << check_data(*t, kRowAlignmentBytes);
+    checks << check_strides(*t, kRowAlignmentBytes, kTmaStrideLimitBytes) << check_data(*t, kRowAlignmentBytes);
   }
-  if (lse) checks << check_strides(*lse, kLseAlignmentBytes) << check_data(*lse, kLseAlignmentBytes);
+  if (lse) checks << check_strides(*lse, kLseAlignmentBytes, std::nullopt) << check_data(*lse, kLseAlignmentBytes);
+  checks << check_no_overlap(o, q) << check_no_overlap(o, k) << check_no_overlap(o, v);
+  if (lse) checks << check_no_overlap(*lse, q) << check_no_overlap(*lse, k) << check_no_overlap(*lse, v)
+                  << check_no_overlap(*lse, o);
   if (args.q.device < 0) checks << invalid("q.device = ", args.q.device, ": expected a CUDA device ordinal >= 0");
   checks << check_same_device(k, q) << check_same_device(v, q) << check_same_device(o, q);
   if (lse) checks << check_same_device(*lse, q);

@@ -10,6 +10,12 @@ namespace flashhop::sm90 {
 // index packed query rows (seqlen_q * nheads / nheads_kv) likewise.
 inline constexpr std::int64_t kMaxSeqlenSum = std::numeric_limits<std::int32_t>::max() - 65536;
 
+// The tile schedulers number (query tile, head, batch) in 32 bits, and their indices run past the
+// last tile by up to two split parts or one queue fetch per CTA. Counted in tiles of the smallest
+// height (one consumer warpgroup's rows), so that the bound holds for every recipe and for packed rows.
+inline constexpr std::int64_t kSmallestBlockM = 64;
+inline constexpr std::int64_t kMaxQueryTiles = std::numeric_limits<std::int32_t>::max() - 65536;
+
 struct ForwardParams {
   const void* q = nullptr;  // (batch, seqlen_q, nheads, head_dim)
   const void* k = nullptr;  // (batch, seqlen_k, nheads_kv, head_dim)
