@@ -214,16 +214,6 @@ const flashhop::sm90::ForwardRecipe& planned_recipe(const Call& call) {
   return flashhop::detail::plan_forward(args, {}).recipe_of();
 }
 
-class RequiresGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU (compute capability 9.0)";
-  }
-};
-
-template <typename Param>
-class GpuTestWithParam : public RequiresGpu, public ::testing::WithParamInterface<Param> {};
-
 const char* short_name(DType dtype) { return dtype == DType::kBFloat16 ? "bf16" : "fp16"; }
 
 // The harness itself, on the host: values survive scatter and gather through the strided plan, and

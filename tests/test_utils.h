@@ -267,6 +267,17 @@ inline bool hopper_available() {
   return ok && major == 9 && minor == 0;
 }
 
+// GPU tests skip themselves without a Hopper GPU.
+class RequiresGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!hopper_available()) GTEST_SKIP() << "no Hopper GPU (compute capability 9.0)";
+  }
+};
+
+template <typename Param>
+class GpuTestWithParam : public RequiresGpu, public ::testing::WithParamInterface<Param> {};
+
 // cudaMalloc'ed memory owned by the object; an empty buffer holds a null pointer.
 class DeviceBuffer {
  public:

@@ -718,5 +718,106 @@ TEST(DType, SizesAndNames) {
   EXPECT_STREQ(flashhop::dtype_name(DType::kFloat32), "float32");
 }
 
+// ---- backward ----------------------------------------------------------------------------------
+
+// The backward arguments of kProblem's forward call: q, k, v, o and lse as valid_args() places
+// them, dout, dq, dk and dv in buffers of their own.
+flashhop::BackwardArgs valid_backward_args(const Problem& problem = kProblem) {
+  const ForwardArgs forward = valid_args(DType::kBFloat16, problem);
+  flashhop::BackwardArgs args;
+  args.q = forward.q;
+  args.k = forward.k;
+  args.v = forward.v;
+  args.o = forward.o;
+  args.lse = *forward.lse;
+  const auto at = [](std::uintptr_t gib) { return reinterpret_cast<void*>(std::uintptr_t{0x7f1000000000} + (gib << 32)); };
+  args.dout = flashhop::make_contiguous(at(0), DType::kBFloat16, {problem.batch, problem.seqlen_q, problem.nheads, problem.dv()});
+  args.dq = flashhop::make_contiguous(at(1), DType::kBFloat16, {problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim});
+  args.dk = flashhop::make_contiguous(at(2), DType::kBFloat16, {problem.batch, problem.seqlen_k, problem.nheads_kv, problem.head_dim});
+  args.dv = flashhop::make_contiguous(at(3), DType::kBFloat16, {problem.batch, problem.seqlen_k, problem.nheads_kv, problem.dv()});
+  return args;
+}
+
+struct InvalidBackwardCase {
+  const char* name;
+  std::function<void(flashhop::BackwardArgs&)> change;
+  StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+void PrintTo(const InvalidBackwardCase& c, std::ostream* out) { *out << c.name; }
+
+class InvalidBackwardArguments : public ::testing::TestWithParam<InvalidBackwardCase> {};
+
+TEST_P(InvalidBackwardArguments, RejectedWithCodeAndNamedArgument) {
+  const InvalidBackwardCase& c = GetParam();
+  flashhop::BackwardArgs args = valid_backward_args();
+  c.change(args);
+  const Status status = flashhop::validate_backward(args);
+  EXPECT_EQ(status.code, c.code) << status.message;
+  for (const std::string& part : c.message_parts) {
+    EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
+  }
+  std::size_t bytes = 0;
+  EXPECT_EQ(flashhop::backward_workspace_size(args, &bytes).message, status.message);
+  EXPECT_EQ(flashhop::backward(args, nullptr, 0, nullptr).message, status.message);
+}
+
+const InvalidBackwardCase kInvalidBackwardCases[] = {
+    {"forward_rule_q_float32", [](flashhop::BackwardArgs& a) { a.q.dtype = DType::kFloat32; }, kInvalid,
+     {"q.dtype = float32"}},
+    {"dout_rank_3", [](flashhop::BackwardArgs& a) { a.dout.rank = 3; }, kInvalid, {"dout.rank = 3", "expected 4"}},
+    {"dq_float16", [](flashhop::BackwardArgs& a) { a.dq.dtype = DType::kFloat16; }, kInvalid,
+     {"dq.dtype = float16", "expected bfloat16 (the dtype of q)"}},
+    {"dout_seqlen_differs", [](flashhop::BackwardArgs& a) { a.dout.shape[1] = 32; }, kInvalid,
+     {"dout.shape[1] (seqlen_q) = 32", "expected 33 (o.shape[1] (seqlen_q))"}},
+    {"dk_heads_differ", [](flashhop::BackwardArgs& a) { a.dk.shape[2] = 8; }, kInvalid,
+     {"dk.shape[2] (nheads_kv) = 8", "expected 2 (k.shape[2] (nheads_kv))"}},
+    {"dv_last_dim_strided", [](flashhop::BackwardArgs& a) { a.dv.stride[3] = 2; }, kInvalid, {"dv.stride[3] = 2"}},
+    {"dq_null", [](flashhop::BackwardArgs& a) { a.dq.data = nullptr; }, kInvalid, {"dq.data = null"}},
+    {"dk_on_other_device", [](flashhop::BackwardArgs& a) { a.dk.device = 1; }, kInvalid, {"dk.device = 1"}},
+    {"dq_is_q", [](flashhop::BackwardArgs& a) { a.dq.data = a.q.data; }, kInvalid, {"dq.data", "overlaps q's"}},
+    {"dv_is_dk", [](flashhop::BackwardArgs& a) { a.dv.data = a.dk.data; }, kInvalid, {"dk.data", "overlaps dv's"}},
+    {"dk_inside_dout", [](flashhop::BackwardArgs& a) { a.dk.data = shifted(a.dout.data, 512); }, kInvalid,
+     {"dk.data", "overlaps dout's"}},
+    {"head_dim_256",
+     [](flashhop::BackwardArgs& a) {
+       for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv}) {
+         t->shape[3] = 256;
+         t->stride[2] = 256;
+         t->stride[1] = 256 * t->shape[2];
+         t->stride[0] = t->stride[1] * t->shape[1];
+       }
+     },
+     kNotSupported, {"head_dim) = 256", "the backward pass supports head dims 64, 96 and 128"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validation, InvalidBackwardArguments, ::testing::ValuesIn(kInvalidBackwardCases),
+                         [](const ::testing::TestParamInfo<InvalidBackwardCase>& info) { return info.param.name; });
+
+TEST(BackwardValidation, AcceptsTheForwardCallsArguments) {
+  for (const Problem& problem : {kProblem, Problem{1, 0, 65, 8, 2, 64}, Problem{0, 33, 65, 8, 2, 96}}) {
+    const flashhop::BackwardArgs args = valid_backward_args(problem);
+    const Status status = flashhop::validate_backward(args);
+    EXPECT_TRUE(status.ok()) << status.message;
+  }
+}
+
+TEST(BackwardPlan, WorkspaceHoldsRowValuesAndTheDqAccumulator) {
+  flashhop::BackwardArgs args = valid_backward_args();  // batch 2, seqlen_q 33 (one block of 64), 8 heads, d 128
+  std::size_t bytes = 0;
+  ASSERT_TRUE(flashhop::backward_workspace_size(args, &bytes).ok());
+  const std::size_t rows = 2 * 8 * 64;
+  EXPECT_EQ(bytes, rows * 4 + rows * 4 + rows * 128 * 4);
+  args.deterministic = true;
+  ASSERT_TRUE(flashhop::backward_workspace_size(args, &bytes).ok());
+  EXPECT_EQ(bytes, rows * 4 + rows * 4 + rows * 128 * 4 + 256);  // 16 semaphores, rounded up to 256 bytes
+  const flashhop::detail::BackwardPlan plan = flashhop::detail::plan_backward(args);
+  EXPECT_EQ(plan.recipe_of().head_dim, 128);
+  EXPECT_FALSE(plan.recipe_of().local());
+  args.causal = true;
+  EXPECT_TRUE(flashhop::detail::plan_backward(args).recipe_of().local());
+}
+
 }  // namespace
 }  // namespace flashhop_test

@@ -1,4 +1,4 @@
-// flashhop public C++ API: exact attention forward on NVIDIA Hopper (sm_90a).
+// flashhop public C++ API: exact attention, forward and backward, on NVIDIA Hopper (sm_90a).
 //
 // Conventions (as FlashAttention):
 //   Q   (batch, seqlen_q, nheads,    d)
@@ -103,5 +103,35 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
 
 // Checks the arguments without touching the device (used by forward; exposed for tests and bindings).
 Status validate_forward(const ForwardArgs& args);
+
+// The backward pass of a forward call: from its inputs (q, k, v and the options), its output o and
+// LSE, and the gradient dout of o, the gradients dq, dk and dv (shapes, dtypes and conventions of q,
+// k and v; with GQA / MQA, dk and dv sum over each KV head's query heads). softmax_scale, causal,
+// the window and softcap must be the forward call's. A query row that saw no key gets dq = 0.
+struct BackwardArgs {
+  TensorDesc q, k, v, o;
+  TensorDesc dout;  // (batch, seqlen_q, nheads, dv), like o
+  TensorDesc lse;   // (batch, nheads, seqlen_q), float32, the forward's
+  TensorDesc dq, dk, dv;
+  std::optional<float> softmax_scale;  // default 1 / sqrt(d)
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  // dq accumulated in a fixed order, so that repeated calls are bitwise identical (dk and dv always
+  // are); without it, in the order the key tiles finish.
+  bool deterministic = false;
+};
+
+// Bytes of device workspace `backward` needs (validates the arguments first): per query row of
+// every head two floats and d floats of dq accumulation, rows rounded up to 64, and with
+// `deterministic` one int per 64 rows of every head.
+Status backward_workspace_size(const BackwardArgs& args, std::size_t* bytes);
+
+// dq, dk and dv on `stream`; `workspace` as for forward (at least backward_workspace_size() bytes,
+// 16-byte aligned, not in use by another call in flight). On any error nothing is launched.
+Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
+
+// Checks the arguments without touching the device.
+Status validate_backward(const BackwardArgs& args);
 
 }  // namespace flashhop

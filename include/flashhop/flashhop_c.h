@@ -53,6 +53,25 @@ typedef struct {
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);
 flashhop_status_t flashhop_forward(const flashhop_forward_args_t* args, void* workspace,
                                    size_t workspace_bytes, cudaStream_t stream);
+/* flashhop::BackwardArgs (flashhop.h); the options must be the forward call's. A zero-initialised
+ * options part (use_softmax_scale .. deterministic) is plain attention with the default scale. */
+typedef struct {
+  flashhop_tensor_t q, k, v, o, dout, lse;
+  flashhop_tensor_t dq, dk, dv;
+  int use_softmax_scale; /* as in flashhop_forward_args_t */
+  float softmax_scale;
+  int causal;
+  int use_window;
+  int window_left;
+  int window_right;
+  float softcap;
+  int deterministic; /* 0 or 1: dq accumulated in a fixed order (bitwise repeatable) */
+} flashhop_backward_args_t;
+
+flashhop_status_t flashhop_backward_workspace_size(const flashhop_backward_args_t* args, size_t* bytes);
+flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* workspace,
+                                    size_t workspace_bytes, cudaStream_t stream);
+
 /* Message of the last failed call on this thread; "" when the last call succeeded. */
 const char* flashhop_last_error(void);
 

@@ -1,10 +1,10 @@
-"""flashhop: exact attention forward kernels for NVIDIA Hopper GPUs, as PyTorch operators.
+"""flashhop: exact attention kernels (forward and backward) for NVIDIA Hopper GPUs, as PyTorch operators.
 
     import flashhop
     out = flashhop.flash_attn_func(q, k, v, causal=True)           # (batch, seqlen, nheads, head_dim)
     out = flashhop.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nheads, seqlen, head_dim)
 
-The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (the latter not implemented yet).
+The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (its gradients).
 """
 try:
     import torch  # noqa: F401

@@ -59,6 +59,30 @@ class _ForwardArgs(ctypes.Structure):
     ]
 
 
+class _BackwardArgs(ctypes.Structure):
+    """flashhop_backward_args_t."""
+
+    _fields_ = [
+        ("q", _Tensor),
+        ("k", _Tensor),
+        ("v", _Tensor),
+        ("o", _Tensor),
+        ("dout", _Tensor),
+        ("lse", _Tensor),
+        ("dq", _Tensor),
+        ("dk", _Tensor),
+        ("dv", _Tensor),
+        ("use_softmax_scale", ctypes.c_int),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("use_window", ctypes.c_int),
+        ("window_left", ctypes.c_int),
+        ("window_right", ctypes.c_int),
+        ("softcap", ctypes.c_float),
+        ("deterministic", ctypes.c_int),
+    ]
+
+
 def _load_library():
     try:
         library = ctypes.CDLL(str(_LIBRARY_PATH))
@@ -71,6 +95,11 @@ def _load_library():
     library.flashhop_forward_workspace_size.restype = ctypes.c_int
     library.flashhop_forward.argtypes = [args, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     library.flashhop_forward.restype = ctypes.c_int
+    backward_args = ctypes.POINTER(_BackwardArgs)
+    library.flashhop_backward_workspace_size.argtypes = [backward_args, ctypes.POINTER(ctypes.c_size_t)]
+    library.flashhop_backward_workspace_size.restype = ctypes.c_int
+    library.flashhop_backward.argtypes = [backward_args, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    library.flashhop_backward.restype = ctypes.c_int
     library.flashhop_last_error.argtypes = []
     library.flashhop_last_error.restype = ctypes.c_char_p
     return library
@@ -130,3 +159,23 @@ def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
     stream = torch.cuda.current_stream(q.device).cuda_stream
     _check(_library.flashhop_forward(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value,
                                      stream))
+
+
+def backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left, window_right,
+             softcap, deterministic):
+    """Runs the backward kernels into grad_q, grad_k and grad_v on the current stream of q's device,
+    which must be the current device; the options are the forward call's."""
+    args = _BackwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
+                         dout=_describe("dout", grad_out), lse=_describe("lse", lse), dq=_describe("dq", grad_q),
+                         dk=_describe("dk", grad_k), dv=_describe("dv", grad_v),
+                         use_softmax_scale=int(softmax_scale is not None),
+                         softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal),
+                         use_window=1, window_left=_window_width("window_left", window_left),
+                         window_right=_window_width("window_right", window_right), softcap=softcap,
+                         deterministic=int(deterministic))
+    workspace_bytes = ctypes.c_size_t()
+    _check(_library.flashhop_backward_workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
+    workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _check(_library.flashhop_backward(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value,
+                                      stream))

@@ -29,14 +29,15 @@ def _empty_outputs(q, v):
 @torch.library.custom_op("flashhop::fwd", mutates_args=())
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
         window_left: int, window_right: int, softcap: float,
-        pack_gqa: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        pack_gqa: Optional[bool] = None, deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(S) v and lse = logsumexp(S) per query row, in FlashAttention's layout, for the
     scores S = softmax_scale * q k^T, soft-capped to softcap * tanh(S / softcap) when softcap > 0,
     with -inf where masked. Masks are aligned to the bottom-right corner: query i sees the keys j
     with i + offset - window_left <= j <= i + offset + window_right, offset = seqlen_k - seqlen_q,
     -1 leaving a side unbounded; causal is window_right = 0 (window_right > 0 with it is an error).
     pack_gqa packs the query heads that share a KV head into one query tile: None lets the library
-    choose, True always, False never; the result is the same attention."""
+    choose, True always, False never; the result is the same attention. deterministic is for the
+    backward: dq accumulated in a fixed order."""
     # Registered for every device type so that a tensor elsewhere gets this message rather than the
     # dispatcher's "could not run with arguments from the CPU backend".
     for name, tensor in (("q", q), ("k", k), ("v", v)):
@@ -49,40 +50,43 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Option
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False):
     return _empty_outputs(q, v)
 
 
-# The missing backward is an operator of its own, with shapes for the tracer, rather than an
-# exception in the autograd formula: torch.compile traces the backward of a model whose inputs
-# require grad while compiling its forward, and that must succeed for models that only run forward.
 @torch.library.custom_op("flashhop::bwd", mutates_args=())
 def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         lse: torch.Tensor, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-        softcap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k and v from the gradient of out."""
-    raise NotImplementedError(
-        "flashhop: the backward pass is not implemented yet (the library has forward kernels only); "
-        "run flashhop under torch.no_grad() or torch.inference_mode(), or with inputs that do not "
-        "require grad")
+        softcap: float, deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of q, k and v from the gradient of out, for the forward call with these options
+    (out and lse its outputs); deterministic accumulates dq in a fixed order (bitwise repeatable)."""
+    grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if grad_out.dim() == 4 and grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()  # the kernels read rows with a contiguous last dimension
+    with torch.cuda.device(q.device):
+        _c_api.backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left,
+                        window_right, softcap, deterministic)
+    return grad_q, grad_k, grad_v
 
 
 @bwd.register_fake
-def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
+def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+              deterministic=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, *options, _pack_gqa = inputs  # bwd takes no pack_gqa: it only schedules the forward
+    q, k, v, *options, _pack_gqa, deterministic = inputs  # bwd takes no pack_gqa: it only schedules the forward
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = options  # softmax_scale, causal, window_left, window_right, softcap
+    ctx.deterministic = deterministic
 
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, *ctx.options)
-    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 1)  # + 1: pack_gqa
+    grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, *ctx.options, ctx.deterministic)
+    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 2)  # + 2: pack_gqa, deterministic
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)

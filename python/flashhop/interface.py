@@ -7,7 +7,7 @@ from . import _ops  # noqa: F401  (registers torch.ops.flashhop.*)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-1, -1), softcap=0.0,
-                    pack_gqa=None, return_attn_probs=False):
+                    pack_gqa=None, deterministic=False, return_attn_probs=False):
     """Exact attention in FlashAttention's layout, as FlashAttention-3's function of this name.
 
     q: (batch, seqlen_q, nheads, head_dim); k: (batch, seqlen_k, nheads_kv, head_dim); v: (batch,
@@ -26,6 +26,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     packed into the rows of one query tile, which pays for short seqlen_q (decoding). None lets the
     library choose (it packs when that fills the query tiles better), True always packs,
     False never does; the result is the same attention either way.
+    deterministic: the backward accumulates dq in a fixed order, so that repeated backward calls are
+    bitwise identical (dk and dv always are); differentiable through torch.ops.flashhop.bwd for head
+    dims 64, 96 and 128.
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
@@ -38,7 +41,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
         # As FlashAttention-3 does; the library itself rejects causal with a window to the right.
         window_right = 0
     out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                                              pack_gqa)
+                                              pack_gqa, deterministic)
     return (out, softmax_lse) if return_attn_probs else out
 
 

@@ -7,6 +7,7 @@
 
 #include <cutlass/numeric_types.h>
 
+#include "kernels/sm90/bwd_launch.h"
 #include "kernels/sm90/fwd_launch.h"
 
 namespace flashhop::detail {
@@ -34,6 +35,28 @@ Launcher launcher_of(DType dtype, int recipe) {
   return nullptr;
 }
 
+using BackwardLauncher = Status (*)(const sm90::BackwardParams&, cudaStream_t);
+
+struct CompiledBackwardKernel {
+  DType dtype;
+  int recipe;
+  BackwardLauncher launch;
+};
+
+#define FLASHHOP_BACKWARD_KERNEL(Element, dtype, recipe) {dtype, recipe, &sm90::launch_backward<Element, recipe>},
+constexpr CompiledBackwardKernel kCompiledBackwardKernels[] = {
+#include "kernels/sm90/bwd_kernel_list.inc"
+    {DType::kFloat32, -1, nullptr},  // keeps the table non-empty in a build without kernels
+};
+#undef FLASHHOP_BACKWARD_KERNEL
+
+BackwardLauncher backward_launcher_of(DType dtype, int recipe) {
+  for (const CompiledBackwardKernel& kernel : kCompiledBackwardKernels) {
+    if (kernel.dtype == dtype && kernel.recipe == recipe) return kernel.launch;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 Status check_compute_capability(int major, int minor) {
@@ -52,6 +75,25 @@ Status launch_forward(const ForwardPlan& plan, cudaStream_t stream) {
   if (launch == nullptr) {
     const sm90::ForwardRecipe& recipe = plan.recipe_of();
     return {StatusCode::kNotSupported, std::string("forward kernel for dtype ") + dtype_name(plan.dtype) +
+                                           " and head_dim " + std::to_string(recipe.head_dim) + ", head_dim_v " +
+                                           std::to_string(recipe.head_dim_v) + " (" + recipe.name +
+                                           ") is not compiled into this build (see FLASHHOP_DTYPES and "
+                                           "FLASHHOP_HEAD_DIMS)"};
+  }
+  return launch(plan.params, stream);
+}
+
+}  // namespace flashhop::detail
+
+namespace flashhop::detail {
+
+bool backward_kernel_compiled(DType dtype, int recipe) { return backward_launcher_of(dtype, recipe) != nullptr; }
+
+Status launch_backward(const BackwardPlan& plan, cudaStream_t stream) {
+  const BackwardLauncher launch = backward_launcher_of(plan.dtype, plan.recipe);
+  if (launch == nullptr) {
+    const sm90::BackwardRecipe& recipe = plan.recipe_of();
+    return {StatusCode::kNotSupported, std::string("backward kernel for dtype ") + dtype_name(plan.dtype) +
                                            " and head_dim " + std::to_string(recipe.head_dim) + ", head_dim_v " +
                                            std::to_string(recipe.head_dim_v) + " (" + recipe.name +
                                            ") is not compiled into this build (see FLASHHOP_DTYPES and "

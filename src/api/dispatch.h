@@ -1,4 +1,4 @@
-// Dispatch: a plan's (dtype, recipe) to the compiled kernel that runs it.
+// Dispatch: a plan's (dtype, recipe) to the compiled kernels that run it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,5 +17,10 @@ Status check_compute_capability(int major, int minor);
 
 // Whether this build compiled the kernel of `dtype` and recipe index `recipe`.
 bool forward_kernel_compiled(DType dtype, int recipe);
+
+// The backward's kernels of plan.dtype and plan.recipe on `stream` (workspace bound); kNotSupported
+// when this build did not compile them.
+Status launch_backward(const BackwardPlan& plan, cudaStream_t stream);
+bool backward_kernel_compiled(DType dtype, int recipe);
 
 }  // namespace flashhop::detail

@@ -61,8 +61,17 @@ Status cuda_error(const char* what, cudaError_t error) {
   return {StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(error)};
 }
 
+// A tensor's pointer and whether the call reads or writes anything through it.
+struct DevicePointer {
+  const char* name;
+  const void* data;
+  bool has_elements;
+};
+
 // Kernels launch on the current device, so every pointer must live there (or be managed memory).
-Status check_device_memory(int device, const sm90::ForwardParams& params) {
+// An empty tensor is never dereferenced, and its pointer may be null or one past an allocation (an
+// empty slice), which the runtime attributes to no device: only pointers with elements are asked.
+Status check_device_memory(int device, std::initializer_list<DevicePointer> pointers) {
   int current = -1;
   if (cudaError_t error = cudaGetDevice(&current); error != cudaSuccess) return cuda_error("cudaGetDevice", error);
   if (current != device) {
@@ -70,20 +79,6 @@ Status check_device_memory(int device, const sm90::ForwardParams& params) {
                                               ": expected the current CUDA device (" + std::to_string(current) +
                                               "); call cudaSetDevice first"};
   }
-  // An empty tensor is never dereferenced, and its pointer may be null or one past an allocation
-  // (an empty slice), which the runtime attributes to no device. Validation guarantees head counts
-  // and head dims >= 1, so only a batch or a sequence length of 0 empties a tensor.
-  const bool rows = params.batch > 0 && params.seqlen_q > 0, keys = params.batch > 0 && params.seqlen_k > 0;
-  const struct {
-    const char* name;
-    const void* data;
-    bool has_elements;
-  } pointers[] = {{"q.data", params.q, rows},
-                  {"k.data", params.k, keys},
-                  {"v.data", params.v, keys},
-                  {"o.data", params.o, rows},
-                  {"lse.data", params.lse, params.lse != nullptr && rows},
-                  {"workspace", params.workspace, params.workspace != nullptr}};
   for (const auto& [name, data, has_elements] : pointers) {
     if (!has_elements) continue;
     cudaPointerAttributes attributes{};
@@ -102,6 +97,22 @@ Status check_device_memory(int device, const sm90::ForwardParams& params) {
       }
       return {StatusCode::kInvalidArgument, message.str()};
     }
+  }
+  return Status::success();
+}
+
+// The caller's workspace against the `required` bytes that `size_query` reports.
+Status check_workspace(const void* workspace, std::size_t workspace_bytes, std::size_t required,
+                       const char* size_query) {
+  if (workspace_bytes < required || (required > 0 && workspace == nullptr)) {
+    return {StatusCode::kInvalidArgument, "workspace_bytes = " + std::to_string(workspace_bytes) +
+                                              ": expected a workspace of at least " + std::to_string(required) +
+                                              " bytes (" + size_query + ")"};
+  }
+  if (required > 0 && reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment != 0) {
+    std::ostringstream message;
+    message << "workspace = " << workspace << ": expected an address aligned to " << kWorkspaceAlignment << " bytes";
+    return {StatusCode::kInvalidArgument, message.str()};
   }
   return Status::success();
 }
@@ -168,20 +179,23 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   detail::ForwardPlan plan = detail::plan_forward(args, device_status.ok() ? device : detail::DeviceFacts{});
 
   const std::size_t required = plan.workspace_bytes;
-  if (workspace_bytes < required || (required > 0 && workspace == nullptr)) {
-    return {StatusCode::kInvalidArgument, "workspace_bytes = " + std::to_string(workspace_bytes) +
-                                              ": expected a workspace of at least " + std::to_string(required) +
-                                              " bytes (forward_workspace_size)"};
-  }
-  if (required > 0 && reinterpret_cast<std::uintptr_t>(workspace) % kWorkspaceAlignment != 0) {
-    std::ostringstream message;
-    message << "workspace = " << workspace << ": expected an address aligned to " << kWorkspaceAlignment << " bytes";
-    return {StatusCode::kInvalidArgument, message.str()};
+  if (Status status = check_workspace(workspace, workspace_bytes, required, "forward_workspace_size"); !status.ok()) {
+    return status;
   }
   if (!device_status.ok()) return device_status;
   if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
   plan.params.workspace = required > 0 ? workspace : nullptr;
-  if (Status status = check_device_memory(args.q.device, plan.params); !status.ok()) return status;
+  const sm90::ForwardParams& p = plan.params;
+  const bool rows = p.batch > 0 && p.seqlen_q > 0, keys = p.batch > 0 && p.seqlen_k > 0;
+  if (Status status = check_device_memory(args.q.device, {{"q.data", p.q, rows},
+                                                          {"k.data", p.k, keys},
+                                                          {"v.data", p.v, keys},
+                                                          {"o.data", p.o, rows},
+                                                          {"lse.data", p.lse, p.lse != nullptr && rows},
+                                                          {"workspace", p.workspace, p.workspace != nullptr}});
+      !status.ok()) {
+    return status;
+  }
 
   // No query rows: O and LSE are empty. (With seqlen_k == 0 the kernel still runs: it writes O = 0
   // and LSE = -inf.)
@@ -189,6 +203,45 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
 
   if (Status status = detail::launch_forward(plan, stream); !status.ok()) return status;
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return cuda_error("forward kernel launch", error);
+  return Status::success();
+}
+
+Status backward_workspace_size(const BackwardArgs& args, std::size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: expected a pointer to write the size to"};
+  if (Status status = validate_backward(args); !status.ok()) return status;
+  *bytes = static_cast<std::size_t>(detail::plan_backward(args).workspace.bytes);
+  return Status::success();
+}
+
+Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  if (Status status = validate_backward(args); !status.ok()) return status;
+  detail::BackwardPlan plan = detail::plan_backward(args);
+  const auto required = static_cast<std::size_t>(plan.workspace.bytes);
+  if (Status status = check_workspace(workspace, workspace_bytes, required, "backward_workspace_size"); !status.ok()) {
+    return status;
+  }
+  if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
+  const sm90::BackwardParams& p = plan.params;
+  const bool rows = p.batch > 0 && p.seqlen_q > 0, keys = p.batch > 0 && p.seqlen_k > 0;
+  if (Status status = check_device_memory(args.q.device, {{"q.data", p.q, rows},
+                                                          {"k.data", p.k, keys},
+                                                          {"v.data", p.v, keys},
+                                                          {"o.data", p.o, rows},
+                                                          {"dout.data", p.dout, rows},
+                                                          {"lse.data", p.lse, rows},
+                                                          {"dq.data", p.dq, rows},
+                                                          {"dk.data", p.dk, keys},
+                                                          {"dv.data", p.dv, keys},
+                                                          {"workspace", workspace, required > 0}});
+      !status.ok()) {
+    return status;
+  }
+  // Nothing to compute without a batch or without both queries and keys, but gradients to clear:
+  // dq = 0 without keys, dk = dv = 0 without queries (the kernels' empty walks write them).
+  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::success();
+  if (required > 0) plan.bind_workspace(workspace);
+  if (Status status = detail::launch_backward(plan, stream); !status.ok()) return status;
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return cuda_error("backward kernel launch", error);
   return Status::success();
 }
 

@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "flashhop/flashhop.h"
 
@@ -64,19 +65,17 @@ flashhop::TensorDesc to_cpp(const flashhop_tensor_t& tensor) {
   return desc;
 }
 
+// A C flag that must be 0 or 1.
+flashhop::Status check_flag(const char* name, int value) {
+  if (value == 0 || value == 1) return flashhop::Status::success();
+  return {flashhop::StatusCode::kInvalidArgument, std::string(name) + " = " + std::to_string(value) + ": expected 0 or 1"};
+}
+
 flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardArgs* out) {
   if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected forward arguments"};
-  if (args->causal != 0 && args->causal != 1) {
-    return {flashhop::StatusCode::kInvalidArgument,
-            "causal = " + std::to_string(args->causal) + ": expected 0 or 1"};
-  }
-  if (args->use_softmax_scale != 0 && args->use_softmax_scale != 1) {
-    return {flashhop::StatusCode::kInvalidArgument,
-            "use_softmax_scale = " + std::to_string(args->use_softmax_scale) + ": expected 0 or 1"};
-  }
-  if (args->use_window != 0 && args->use_window != 1) {
-    return {flashhop::StatusCode::kInvalidArgument,
-            "use_window = " + std::to_string(args->use_window) + ": expected 0 or 1"};
+  for (const auto& [name, value] : {std::pair{"causal", args->causal}, std::pair{"use_softmax_scale", args->use_softmax_scale},
+                                    std::pair{"use_window", args->use_window}}) {
+    if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
   }
   if (args->pack_gqa != FLASHHOP_PACK_GQA_AUTO && args->pack_gqa != FLASHHOP_PACK_GQA_OFF &&
       args->pack_gqa != FLASHHOP_PACK_GQA_ON) {
@@ -99,6 +98,32 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
   return flashhop::Status::success();
 }
 
+flashhop::Status to_cpp(const flashhop_backward_args_t* args, flashhop::BackwardArgs* out) {
+  if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected backward arguments"};
+  for (const auto& [name, value] : {std::pair{"causal", args->causal}, std::pair{"use_softmax_scale", args->use_softmax_scale},
+                                    std::pair{"use_window", args->use_window}, std::pair{"deterministic", args->deterministic}}) {
+    if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
+  }
+  out->q = to_cpp(args->q);
+  out->k = to_cpp(args->k);
+  out->v = to_cpp(args->v);
+  out->o = to_cpp(args->o);
+  out->dout = to_cpp(args->dout);
+  out->lse = to_cpp(args->lse);
+  out->dq = to_cpp(args->dq);
+  out->dk = to_cpp(args->dk);
+  out->dv = to_cpp(args->dv);
+  if (args->use_softmax_scale == 1) out->softmax_scale = args->softmax_scale;
+  out->causal = args->causal == 1;
+  if (args->use_window == 1) {
+    out->window_left = args->window_left;
+    out->window_right = args->window_right;
+  }
+  out->softcap = args->softcap;
+  out->deterministic = args->deterministic == 1;
+  return flashhop::Status::success();
+}
+
 }  // namespace
 
 extern "C" {
@@ -117,6 +142,23 @@ flashhop_status_t flashhop_forward(const flashhop_forward_args_t* args, void* wo
     flashhop::ForwardArgs cpp_args;
     if (flashhop::Status status = to_cpp(args, &cpp_args); !status.ok()) return status;
     return flashhop::forward(cpp_args, workspace, workspace_bytes, stream);
+  });
+}
+
+flashhop_status_t flashhop_backward_workspace_size(const flashhop_backward_args_t* args, size_t* bytes) {
+  return guarded([&] {
+    flashhop::BackwardArgs cpp_args;
+    if (flashhop::Status status = to_cpp(args, &cpp_args); !status.ok()) return status;
+    return flashhop::backward_workspace_size(cpp_args, bytes);
+  });
+}
+
+flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* workspace, size_t workspace_bytes,
+                                    cudaStream_t stream) {
+  return guarded([&] {
+    flashhop::BackwardArgs cpp_args;
+    if (flashhop::Status status = to_cpp(args, &cpp_args); !status.ok()) return status;
+    return flashhop::backward(cpp_args, workspace, workspace_bytes, stream);
   });
 }
 

@@ -1,4 +1,4 @@
-// The plan of a forward call (plan.h): the tile choice, packed GQA rows, the recipe, the kernel's
+// The plan of a forward or backward call (plan.h): the tile choice, packed GQA rows, the recipe, the kernel's
 // arguments and the workspace, from validated arguments.
 #include "api/plan.h"
 
@@ -57,6 +57,16 @@ std::size_t workspace_bytes(const sm90::ForwardRecipe& recipe, const sm90::Forwa
       sm90::SplitRound::plan(static_cast<int>(num_tiles), (p.seqlen_k + recipe.block_n - 1) / recipe.block_n,
                              p.num_sms * sm90::ctas_per_sm(consumers), recipe.split);
   return sm90::SplitWorkspace::bytes(plan, consumers, recipe.head_dim_v);
+}
+
+// The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
+// reaches past every key (seqlen_k on the left, seqlen_q on the right). The band hides nothing when
+// each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and on to the last
+// key (the first row, window_right >= seqlen_q - 1).
+void set_band(bool causal, int window_left, int window_right, int seqlen_q, int seqlen_k, int* left, int* right) {
+  const int right_side = causal ? 0 : window_right;
+  *left = window_left < 0 ? seqlen_k : std::min(window_left, seqlen_k);
+  *right = right_side < 0 ? seqlen_q : std::min(right_side, seqlen_q);
 }
 
 }  // namespace
@@ -139,13 +149,8 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
       args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
   params.softcap = args.softcap;
 
-  // The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
-  // reaches past every key (seqlen_k on the left, seqlen_q on the right). The band hides nothing
-  // when each row's reaches back to key 0 (the last row, window_left >= seqlen_k - 1) and on to the
-  // last key (the first row, window_right >= seqlen_q - 1).
-  const int right = args.causal ? 0 : args.window_right;
-  params.window_left = args.window_left < 0 ? params.seqlen_k : std::min(args.window_left, params.seqlen_k);
-  params.window_right = right < 0 ? params.seqlen_q : std::min(right, params.seqlen_q);
+  set_band(args.causal, args.window_left, args.window_right, params.seqlen_q, params.seqlen_k, &params.window_left,
+           &params.window_right);
   const bool local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
 
   // Packed rows take the default choice; the unpacked rows' tiles, which packing is weighed
@@ -163,6 +168,73 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
   params.l2_bytes = device.l2_bytes;
   plan.workspace_bytes = workspace_bytes(plan.recipe_of(), params);
   return plan;
+}
+
+BackwardPlan plan_backward(const BackwardArgs& args) {
+  BackwardPlan plan;
+  plan.dtype = args.q.dtype;
+  sm90::BackwardParams& params = plan.params;
+  params.q = args.q.data;
+  params.k = args.k.data;
+  params.v = args.v.data;
+  params.o = args.o.data;
+  params.dout = args.dout.data;
+  params.lse = static_cast<const float*>(args.lse.data);
+  params.dq = args.dq.data;
+  params.dk = args.dk.data;
+  params.dv = args.dv.data;
+
+  params.batch = static_cast<int>(args.q.shape[0]);
+  params.seqlen_q = static_cast<int>(args.q.shape[1]);
+  params.nheads = static_cast<int>(args.q.shape[2]);
+  params.seqlen_k = static_cast<int>(args.k.shape[1]);
+  params.nheads_kv = static_cast<int>(args.k.shape[2]);
+  params.head_dim = static_cast<int>(args.q.shape[3]);
+  params.head_dim_v = static_cast<int>(args.v.shape[3]);
+
+  const struct {
+    const TensorDesc& desc;
+    std::int64_t* strides[3];
+  } tensors[] = {
+      {args.q, {&params.q_batch_stride, &params.q_row_stride, &params.q_head_stride}},
+      {args.k, {&params.k_batch_stride, &params.k_row_stride, &params.k_head_stride}},
+      {args.v, {&params.v_batch_stride, &params.v_row_stride, &params.v_head_stride}},
+      {args.o, {&params.o_batch_stride, &params.o_row_stride, &params.o_head_stride}},
+      {args.dout, {&params.do_batch_stride, &params.do_row_stride, &params.do_head_stride}},
+      {args.dq, {&params.dq_batch_stride, &params.dq_row_stride, &params.dq_head_stride}},
+      {args.dk, {&params.dk_batch_stride, &params.dk_row_stride, &params.dk_head_stride}},
+      {args.dv, {&params.dv_batch_stride, &params.dv_row_stride, &params.dv_head_stride}},
+      {args.lse, {&params.lse_batch_stride, &params.lse_head_stride, &params.lse_row_stride}},
+  };
+  for (const auto& t : tensors) {
+    std::int64_t* strides[] = {t.strides[0], t.strides[1], t.strides[2]};
+    normalise_unit_strides(t.desc, strides);
+  }
+
+  params.softmax_scale =
+      args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
+  params.softcap = args.softcap;
+  set_band(args.causal, args.window_left, args.window_right, params.seqlen_q, params.seqlen_k, &params.window_left,
+           &params.window_right);
+  params.local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
+  params.deterministic = args.deterministic;
+
+  for (int i = 0; i < sm90::kNumBackwardRecipes; ++i) {
+    const sm90::BackwardRecipe& r = sm90::kBackwardRecipes[i];
+    if (r.head_dim == params.head_dim && r.head_dim_v == params.head_dim_v && r.local() == params.local) plan.recipe = i;
+  }
+  plan.workspace = params.batch == 0 ? sm90::BackwardWorkspace{}
+                                     : sm90::BackwardWorkspace::plan(params.batch, params.nheads, params.seqlen_q,
+                                                                     params.head_dim, params.deterministic);
+  return plan;
+}
+
+void BackwardPlan::bind_workspace(void* base) {
+  char* bytes = static_cast<char*>(base);
+  params.lse_log2 = reinterpret_cast<float*>(bytes + workspace.lse_offset);
+  params.delta = reinterpret_cast<float*>(bytes + workspace.delta_offset);
+  params.dq_accum = reinterpret_cast<float*>(bytes + workspace.dq_accum_offset);
+  params.dq_semaphore = params.deterministic ? reinterpret_cast<int*>(bytes + workspace.semaphore_offset) : nullptr;
 }
 
 }  // namespace flashhop::detail

@@ -1,5 +1,5 @@
-// The plan of a forward call: which compiled configuration (recipe) runs it, the kernel's
-// arguments, and the workspace it needs. Planned once per call from validated arguments and the
+// The plan of a forward or backward call: which compiled configuration (recipe) runs it, the
+// kernels' arguments, and the workspace they need. Planned once per call from validated arguments and the
 // device's facts; dispatch and the workspace query read the plan, nothing derives it again.
 #pragma once
 
@@ -8,6 +8,8 @@
 #include <optional>
 
 #include "flashhop/flashhop.h"
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/bwd_recipes.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 
@@ -46,5 +48,19 @@ sm90::TileChoice tile_choice(int head_dim, int head_dim_v, bool local, int seqle
 // when heads_per_kv_head > 1 and the packed rows fill their query tiles (packed_tile_rows, the
 // packed kernel's block_m) better by more than 10% than the unpacked rows fill theirs (tile_rows).
 bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_rows, int packed_tile_rows);
+
+struct BackwardPlan {
+  DType dtype = DType::kBFloat16;
+  int recipe = -1;  // index into sm90::kBackwardRecipes
+  sm90::BackwardParams params;  // the workspace parts are left null
+  sm90::BackwardWorkspace workspace{};
+
+  const sm90::BackwardRecipe& recipe_of() const { return sm90::kBackwardRecipes[recipe]; }
+  // Points the workspace parts of params into `base` (workspace.bytes long).
+  void bind_workspace(void* base);
+};
+
+// Plans a backward call whose arguments validate_backward accepted.
+BackwardPlan plan_backward(const BackwardArgs& args);
 
 }  // namespace flashhop::detail

@@ -1,5 +1,5 @@
-// Every check on forward arguments, in one place. validate_forward() reads only the descriptors
-// (no device calls), so it also serves bindings and tests; the plan (plan.cpp) trusts its verdict.
+// Every check on forward and backward arguments, in one place. validate_forward() and validate_backward() read only
+// the descriptors (no device calls), so it also serves bindings and tests; the plan (plan.cpp) trusts its verdict.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "flashhop/flashhop.h"
+#include "kernels/sm90/bwd_recipes.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 
@@ -361,6 +362,77 @@ Status validate_forward(const ForwardArgs& args) {
   if (Status status = check_mask_and_softcap(args); !status.ok()) return status;
   if (Status status = check_pack_gqa(args, q, k); !status.ok()) return status;
   return check_supported_head_dims(q, v);
+}
+
+namespace {
+
+// The (head_dim, head_dim_v) pairs that have backward recipes (tools/backward_recipes.py), listed.
+Status check_backward_head_dims(const Operand& q, const Operand& v) {
+  std::vector<std::string> pairs;
+  for (const sm90::BackwardRecipe& recipe : sm90::kBackwardRecipes) {
+    if (recipe.head_dim == q.dim(3) && recipe.head_dim_v == v.dim(3)) return Status::success();
+    pairs.push_back(recipe.head_dim == recipe.head_dim_v ? std::to_string(recipe.head_dim)
+                                                         : "(" + std::to_string(recipe.head_dim) + ", " +
+                                                               std::to_string(recipe.head_dim_v) + ")");
+  }
+  return fail(StatusCode::kNotSupported, "q.shape[3] (head_dim) = ", q.dim(3), ", v.shape[3] (head_dim_v) = ",
+              v.dim(3), ": the backward pass supports head dims ", listed(pairs));
+}
+
+}  // namespace
+
+Status validate_backward(const BackwardArgs& args) {
+  // The forward call's arguments obey the forward's rules.
+  ForwardArgs forward;
+  forward.q = args.q;
+  forward.k = args.k;
+  forward.v = args.v;
+  forward.o = args.o;
+  forward.lse = args.lse;
+  forward.softmax_scale = args.softmax_scale;
+  forward.causal = args.causal;
+  forward.window_left = args.window_left;
+  forward.window_right = args.window_right;
+  forward.softcap = args.softcap;
+  if (Status status = validate_forward(forward); !status.ok()) return status;
+
+  const Operand q{"q", args.q, kQDims, 4};
+  const Operand k{"k", args.k, kKDims, 4};
+  const Operand v{"v", args.v, kVDims, 4};
+  const Operand o{"o", args.o, kODims, 4};
+  const Operand lse{"lse", args.lse, kLseDims, 3};
+  const Operand dout{"dout", args.dout, kODims, 4};
+  const Operand dq{"dq", args.dq, kQDims, 4};
+  const Operand dk{"dk", args.dk, kKDims, 4};
+  const Operand dv{"dv", args.dv, kVDims, 4};
+  const std::pair<const Operand*, const Operand*> like[] = {{&dout, &o}, {&dq, &q}, {&dk, &k}, {&dv, &v}};
+
+  FirstError checks;
+  for (const auto& [t, source] : like) checks << check_rank(*t);
+  if (!checks.status().ok()) return checks.status();
+  for (const auto& [t, source] : like) checks << check_dtype(*t, args.q.dtype, "the dtype of q");
+  for (const auto& [t, source] : like) {
+    for (int d = 0; d < 4; ++d) checks << check_dim_matches(*t, d, *source, d);
+  }
+  if (!checks.status().ok()) return checks.status();
+  // The key tiles' CTAs are numbered in 32 bits, as the query tiles are.
+  if (!query_tiles_fit(k)) {
+    return invalid("k.shape (batch ", k.dim(0), ", seqlen_k ", k.dim(1), ", nheads_kv ", k.dim(2),
+                   "): batch * ceil(seqlen_k / ", sm90::kSmallestBlockM, ") * nheads_kv key tiles, expected <= ",
+                   sm90::kMaxQueryTiles);
+  }
+
+  for (const auto& [t, source] : like) {
+    checks << check_strides(*t, kRowAlignmentBytes, kTmaStrideLimitBytes) << check_data(*t, kRowAlignmentBytes)
+           << check_same_device(*t, q);
+  }
+  for (const Operand* output : {&dq, &dk, &dv}) {
+    for (const Operand* other : {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv}) {
+      if (other != output) checks << check_no_overlap(*output, *other);
+    }
+  }
+  if (!checks.status().ok()) return checks.status();
+  return check_backward_head_dims(q, v);
 }
 
 }  // namespace flashhop

@@ -134,6 +134,87 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
   run_tasks(s.batch * s.nheads * row_blocks, make_runner);
 }
 
+// Gradients, one task per (batch, KV head), which owns its rows of dk and dv: for each query row of
+// the group's heads, P over the visible keys (from the row's own max and sum), dP = dO V^T,
+// D = sum P dP, dS = P (dP - D) times the score's derivative, then dq += dS K, dk += dS^T q,
+// dv += P^T dO. round_operand(x) is applied to P and dS where the kernels read them as 16-bit operands.
+template <typename Real, typename RoundOperand>
+void attend_backward(const AttentionShape& s, const float* q, const float* k, const float* v, const float* dout,
+                     const ScoreOptions& options, RoundOperand round_operand, std::vector<Real>* dq,
+                     std::vector<Real>* dk, std::vector<Real>* dv) {
+  if (s.nheads_kv < 1 || s.nheads % s.nheads_kv != 0) {
+    throw std::invalid_argument("reference attention: nheads must be a positive multiple of nheads_kv");
+  }
+  const Real scale = static_cast<Real>(options.softmax_scale);
+  const Real softcap = static_cast<Real>(options.softcap);
+  const std::int64_t d = s.head_dim, dv_dim = s.head_dim_v;
+  const std::int64_t group = s.nheads / s.nheads_kv;
+  dq->assign(static_cast<std::size_t>(s.batch) * s.seqlen_q * s.nheads * d, Real(0));
+  dk->assign(static_cast<std::size_t>(s.batch) * s.seqlen_k * s.nheads_kv * d, Real(0));
+  dv->assign(static_cast<std::size_t>(s.batch) * s.seqlen_k * s.nheads_kv * dv_dim, Real(0));
+
+  auto make_runner = [&] {
+    std::vector<Real> probs, dprobs, derivative;
+    return [&, probs, dprobs, derivative](std::int64_t task) mutable {
+      const std::int64_t b = task / s.nheads_kv, kv_head = task % s.nheads_kv;
+      auto k_row = [&](std::int64_t j) { return k + ((b * s.seqlen_k + j) * s.nheads_kv + kv_head) * d; };
+      auto v_row = [&](std::int64_t j) { return v + ((b * s.seqlen_k + j) * s.nheads_kv + kv_head) * dv_dim; };
+      for (std::int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+        for (std::int64_t i = 0; i < s.seqlen_q; ++i) {
+          const VisibleKeys visible = visible_keys(s, options, i);
+          const std::int64_t count = visible.end - visible.begin;
+          if (count == 0) continue;
+          const float* q_row = q + ((b * s.seqlen_q + i) * s.nheads + h) * d;
+          const float* do_row = dout + ((b * s.seqlen_q + i) * s.nheads + h) * dv_dim;
+          probs.assign(count, Real(0));
+          dprobs.assign(count, Real(0));
+          derivative.assign(count, Real(1));
+          Real row_max = -std::numeric_limits<Real>::infinity();
+          for (std::int64_t j = 0; j < count; ++j) {
+            const float* key = k_row(visible.begin + j);
+            Real dot = 0;
+            for (std::int64_t c = 0; c < d; ++c) dot += static_cast<Real>(q_row[c]) * key[c];
+            Real score = dot * scale;
+            if (softcap > 0) {
+              const Real t = std::tanh(score / softcap);
+              score = softcap * t;
+              derivative[j] = 1 - t * t;
+            }
+            probs[j] = score;
+            row_max = std::max(row_max, score);
+          }
+          Real sum = 0;
+          for (std::int64_t j = 0; j < count; ++j) sum += probs[j] = std::exp(probs[j] - row_max);
+          Real delta = 0;
+          for (std::int64_t j = 0; j < count; ++j) {
+            probs[j] /= sum;
+            const float* value = v_row(visible.begin + j);
+            Real dot = 0;
+            for (std::int64_t c = 0; c < dv_dim; ++c) dot += static_cast<Real>(do_row[c]) * value[c];
+            dprobs[j] = dot;
+            delta += probs[j] * dot;
+          }
+          Real* dq_row = dq->data() + ((b * s.seqlen_q + i) * s.nheads + h) * d;
+          for (std::int64_t j = 0; j < count; ++j) {
+            const std::int64_t key = visible.begin + j;
+            const Real p = round_operand(probs[j]);
+            const Real ds = round_operand(probs[j] * (dprobs[j] - delta) * derivative[j]) * scale;
+            const float* key_values = k_row(key);
+            Real* dk_row = dk->data() + ((b * s.seqlen_k + key) * s.nheads_kv + kv_head) * d;
+            Real* dv_row = dv->data() + ((b * s.seqlen_k + key) * s.nheads_kv + kv_head) * dv_dim;
+            for (std::int64_t c = 0; c < d; ++c) {
+              dq_row[c] += ds * key_values[c];
+              dk_row[c] += ds * q_row[c];
+            }
+            for (std::int64_t c = 0; c < dv_dim; ++c) dv_row[c] += p * do_row[c];
+          }
+        }
+      }
+    };
+  };
+  run_tasks(std::int64_t{s.batch} * s.nheads_kv, make_runner);
+}
+
 float round_to_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 float round_to_fp16(float x) { return __half2float(__float2half_rn(x)); }
 float keep_float(float x) { return x; }
@@ -163,6 +244,24 @@ void attention_forward_low_precision(const AttentionShape& shape, const float* q
   if (dtype == DType::kFloat16) round_to_dtype = round_to_fp16;
   attend<float>(shape, q, k, v, options, round_to_dtype, o, lse);
   for (float& value : *o) value = round_to_dtype(value);
+}
+
+void attention_backward(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                        const float* dout, const ScoreOptions& options, std::vector<double>* dq,
+                        std::vector<double>* dk, std::vector<double>* dv) {
+  attend_backward<double>(shape, q, k, v, dout, options, [](double x) { return x; }, dq, dk, dv);
+}
+
+void attention_backward_low_precision(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                                      const float* dout, const ScoreOptions& options, DType dtype,
+                                      std::vector<float>* dq, std::vector<float>* dk, std::vector<float>* dv) {
+  float (*round_to_dtype)(float) = keep_float;
+  if (dtype == DType::kBFloat16) round_to_dtype = round_to_bf16;
+  if (dtype == DType::kFloat16) round_to_dtype = round_to_fp16;
+  attend_backward<float>(shape, q, k, v, dout, options, round_to_dtype, dq, dk, dv);
+  for (std::vector<float>* gradient : {dq, dk, dv}) {
+    for (float& value : *gradient) value = round_to_dtype(value);
+  }
 }
 
 }  // namespace flashhop::reference

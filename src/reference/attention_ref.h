@@ -48,4 +48,18 @@ void attention_forward_low_precision(const AttentionShape& shape, const float* q
                                      const float* v, const ScoreOptions& options, DType dtype,
                                      std::vector<float>* o, std::vector<float>* lse);
 
+// The gradients of attention_forward()'s O for the gradient `dout` (contiguous, o's shape): dq, dk
+// and dv, resized and filled in q's, k's and v's shapes (dk and dv summed over each KV head's query
+// heads). Rows that see no key contribute nothing.
+void attention_backward(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                        const float* dout, const ScoreOptions& options, std::vector<double>* dq,
+                        std::vector<double>* dk, std::vector<double>* dv);
+
+// The same gradients at the precision a fused kernel keeps: sums in float, P and dS rounded to
+// `dtype` before the products that read them from 16-bit operands, the gradients rounded to `dtype`
+// at the end. Its distance from attention_backward() is the yardstick for a kernel's error.
+void attention_backward_low_precision(const AttentionShape& shape, const float* q, const float* k, const float* v,
+                                      const float* dout, const ScoreOptions& options, DType dtype,
+                                      std::vector<float>* dq, std::vector<float>* dk, std::vector<float>* dv);
+
 }  // namespace flashhop::reference

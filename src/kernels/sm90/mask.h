@@ -33,6 +33,12 @@ struct RowKeys {
   int begin, end;
 };
 
+// Query tiles [begin, end) hold a query that sees some key of a key tile (the backward's walk).
+struct QueryBlocks {
+  int begin, end;
+  CUTLASS_HOST_DEVICE bool empty() const { return end <= begin; }
+};
+
 // Every key visible; only keys at and past seqlen_k (the partial last key tile, which TMA filled
 // with zeros) are masked.
 struct NoMask {
@@ -45,6 +51,11 @@ struct NoMask {
     return {0, cute::ceil_div(seqlen_k, kBlockN), seqlen_k / kBlockN, 0};
   }
   CUTLASS_HOST_DEVICE RowKeys row_keys(int /*query*/) const { return {0, seqlen_k}; }
+  // The query tiles that see keys [first_key, last_key] (last_key < seqlen_k): all of them.
+  template <int kBlockM>
+  CUTLASS_HOST_DEVICE QueryBlocks query_blocks(int /*first_key*/, int /*last_key*/) const {
+    return {0, cute::ceil_div(seqlen_q, kBlockM)};
+  }
 };
 
 // A band around the diagonal, aligned to the bottom-right corner: query row i sees keys j with
@@ -82,6 +93,16 @@ struct LocalMask {
   }
   CUTLASS_HOST_DEVICE RowKeys row_keys(int row) const {
     return {clip(band_begin(row)), clip(band_end(row))};
+  }
+  // The query tiles with a query that sees one of keys [first_key, last_key] (last_key < seqlen_k):
+  // queries i with band_begin(i) <= last_key and band_end(i) > first_key, within [0, seqlen_q).
+  template <int kBlockM>
+  CUTLASS_HOST_DEVICE QueryBlocks query_blocks(int first_key, int last_key) const {
+    int const offset = seqlen_k - seqlen_q;
+    int const first = cute::max(first_key - offset - window_right, 0);
+    int const last = cute::min(last_key - offset + window_left, seqlen_q - 1);
+    if (last < first) return {0, 0};
+    return {first / kBlockM, last / kBlockM + 1};
   }
 };
 

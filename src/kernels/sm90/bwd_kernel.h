@@ -1,0 +1,654 @@
+// The sm90 backward kernels. From Q, K, V, O, dO and the forward's LSE they compute dQ, dK and dV:
+//
+//   preprocess   per query row, D = rowsum(dO * O) and LSE in log2 units, into the workspace; the
+//                query block's dQ accumulator cleared;
+//   main         one CTA per key tile (kBlockN keys) of one KV head: K and V stay in shared
+//                memory while the CTA walks the query tiles (kBlockM rows) of every query head of
+//                the KV group that see one of its keys. Per query tile, consumer warpgroup w owns
+//                key rows [64 w, 64 w + 64) and computes
+//                  S^T = K Q^T, dP^T = V dO^T                     (wgmma, both operands in smem)
+//                  P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D)   (registers; softcap's derivative)
+//                  dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
+//                and, once both warpgroups' dS^T are in shared memory, its half of the columns of
+//                  dQ = dS K                                      (wgmma, both operands in smem)
+//                which it adds into the fp32 accumulator in global memory by a bulk reduction
+//                (in n_block order under a semaphore with `deterministic`). dK and dV sum over the
+//                KV group's query heads in registers: no atomics, the same order in every call;
+//   postprocess  dQ = softmax_scale * accumulator, converted to the element type.
+//
+// A producer warp loads Q with its LSE and dO with its D into rings of kStages stages (TMA, bulk
+// copies, mbarrier pipelines). Scores are kept unscaled as in the forward (softmax.h): s = q.k, or
+// t = tanh(q.k * softmax_scale / softcap) with soft-capping, and softmax_scale (times 1 - t^2)
+// comes in at the end: dQ and dK are scaled once, in the postprocess and the epilogue.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernels/sm90/barriers.h"
+#include "kernels/sm90/bwd_params.h"
+#include "kernels/sm90/bwd_recipes.h"
+#include "kernels/sm90/gmma_utils.h"
+#include "kernels/sm90/mask.h"
+#include "kernels/sm90/softmax.h"
+
+namespace flashhop::sm90 {
+
+// cp.reduce.async.bulk: adds `bytes` of fp32 values from shared memory into global memory, element
+// by element and atomically, in the bulk-async group that tma_store_arrive() commits.
+CUTLASS_DEVICE void bulk_reduce_add(float* gmem, float const* smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               :
+               : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+}
+
+// Waits until every committed bulk-async group has completed its writes (tma_store_wait waits only
+// until the sources have been read).
+CUTLASS_DEVICE void bulk_wait_complete() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// A load that later reads and writes of this thread cannot overtake (the semaphores' waits).
+CUTLASS_DEVICE int load_acquire(int const* address) {
+  int value;
+  asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// Two adjacent elements, converted, in one 4-byte store (`at` is 4-byte aligned).
+template <class Element>
+CUTLASS_DEVICE void store_pair(Element* at, float first, float second) {
+  cutlass::Array<Element, 2> pair;
+  pair[0] = Element(first);
+  pair[1] = Element(second);
+  *reinterpret_cast<cutlass::Array<Element, 2>*>(at) = pair;
+}
+
+template <class Element_, int kRecipe_, bool kSoftcap_>
+struct BackwardKernel {
+  static constexpr BackwardRecipe kRecipe = kBackwardRecipes[kRecipe_];
+  using Element = Element_;
+  static constexpr bool kSoftcap = kSoftcap_;
+  using Mask = cute::conditional_t<kRecipe.local(), LocalMask, NoMask>;
+  static constexpr int kHeadDim = kRecipe.head_dim;
+  static constexpr int kHeadDimV = kRecipe.head_dim_v;
+  static constexpr int kBlockM = kRecipe.block_m;
+  static constexpr int kBlockN = kRecipe.block_n;
+  static constexpr int kStages = kRecipe.stages;
+  static_assert(kBlockM == kBackwardRowBlock, "the workspace's row blocks are the query tiles");
+  static constexpr int kConsumers = kRecipe.consumer_warpgroups();
+  // Two consumer warpgroups: each takes half of dQ's columns (a wgmma atom of N = d / 2).
+  static_assert(kConsumers == 2 && kBlockN == 64 * kConsumers, "64 key rows per consumer warpgroup, two of them");
+  static_assert(kHeadDim % (8 * kConsumers) == 0, "dQ's columns split into wgmma widths");
+  using Roles = WarpGroups<kConsumers>;
+  static constexpr int kThreads = Roles::kThreads;
+  static constexpr int kConsumerThreads = Roles::kConsumerThreads;
+
+  using BlockM = cute::Int<kBlockM>;
+  using BlockN = cute::Int<kBlockN>;
+  using HeadDim = cute::Int<kHeadDim>;
+  using HeadDimV = cute::Int<kHeadDimV>;
+  using Stages = cute::Int<kStages>;
+  // Consumer warpgroup w: key rows [64 w, 64 w + 64) of S^T, dP^T, dV and dK; dQ's columns
+  // [w d / 2, (w + 1) d / 2).
+  using KeyRowsAtoms = cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>;
+  using DqColumnAtoms = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumers>, cute::_1>>;
+
+  template <class TileShape, cute::GMMA::Major kMajorA = cute::GMMA::Major::K,
+            cute::GMMA::Major kMajorB = cute::GMMA::Major::K>
+  using SsMma = decltype(cute::GMMA::ss_op_selector<Element, Element, float, TileShape, kMajorA, kMajorB>());
+  template <class TileShape>  // A from registers (K-major), B read with its N dimension contiguous
+  using RsMma = decltype(cute::GMMA::rs_op_selector<Element, Element, float, TileShape, cute::GMMA::Major::K,
+                                                    cute::GMMA::Major::MN>());
+  using TiledMmaS = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, BlockM, HeadDim>>{}, KeyRowsAtoms{}));
+  using TiledMmaDP = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, BlockM, HeadDimV>>{}, KeyRowsAtoms{}));
+  using TiledMmaDV = decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, HeadDimV, BlockM>>{}, KeyRowsAtoms{}));
+  using TiledMmaDK = decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, HeadDim, BlockM>>{}, KeyRowsAtoms{}));
+  using TiledMmaDQ = decltype(cute::make_tiled_mma(
+      SsMma<cute::Shape<BlockM, cute::Int<kHeadDim / kConsumers>, BlockN>, cute::GMMA::Major::MN,
+            cute::GMMA::Major::MN>{},
+      DqColumnAtoms{}));
+
+  // Q and dO rings, K and V: the wgmma K-major swizzled layouts, head dim contiguous as in global
+  // memory. The transposed views read the same bytes with the head dim as N (MN-major B operands).
+  template <class Rows, class Cols>
+  using KMajor = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, Rows, Cols>());
+  using SmemLayoutQ = decltype(cute::tile_to_shape(KMajor<BlockM, HeadDim>{}, cute::Shape<BlockM, HeadDim, Stages>{}));
+  using SmemLayoutDO =
+      decltype(cute::tile_to_shape(KMajor<BlockM, HeadDimV>{}, cute::Shape<BlockM, HeadDimV, Stages>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(KMajor<BlockN, HeadDim>{}, cute::Shape<BlockN, HeadDim>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(KMajor<BlockN, HeadDimV>{}, cute::Shape<BlockN, HeadDimV>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockM, Stages>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (d, kBlockM, stage)
+  using SmemLayoutDOt = decltype(cute::composition(
+      SmemLayoutDO{}, cute::make_ordered_layout(cute::Shape<HeadDimV, BlockM, Stages>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (dv, kBlockM, stage)
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutK{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN>{}, cute::Step<cute::_2, cute::_1>{})));
+  // dS as the A operand of dQ = dS K: (kBlockM, kBlockN) with the query rows contiguous (MN-major),
+  // so that the consumers write their dS^T fragments (key rows, query columns) untransposed.
+  using SmemLayoutDS = decltype(cute::tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::MN, Element, BlockM, BlockN>(),
+      cute::Shape<BlockM, BlockN>{}));
+  using SmemLayoutDSt = decltype(cute::composition(
+      SmemLayoutDS{}, cute::make_ordered_layout(cute::Shape<BlockN, BlockM>{}, cute::Step<cute::_2, cute::_1>{})));
+
+  // dQ of one query tile in the order of the consumers' fragments: value j of thread t's chunk c of
+  // four lies at (c kConsumerThreads + t) 4 + j, so that each chunk is one conflict-free 16-byte
+  // store per thread. The workspace's accumulator keeps this order; the postprocess undoes it.
+  static constexpr int kDqFragment = kBlockM * kHeadDim / kConsumerThreads;
+  static_assert(kDqFragment % 4 == 0, "dQ fragments in chunks of four");
+  static constexpr int kDqTileFloats = kBlockM * kHeadDim;
+
+  // TMA tiles are 128-byte swizzled: their buffers start on 1024-byte boundaries.
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
+    cute::array_aligned<float, kDqTileFloats, 128> dq;
+    cute::array_aligned<float, kStages * kBlockM, 16> lse_log2;  // per Q stage
+    cute::array_aligned<float, kStages * kBlockM, 16> delta;     // per dO stage
+    cutlass::arch::ClusterTransactionBarrier kv_full;
+    typename cutlass::PipelineTmaAsync<kStages>::SharedStorage pipeline_q;
+    typename cutlass::PipelineTmaAsync<kStages>::SharedStorage pipeline_do;
+  };
+  static constexpr int kSharedBytes = sizeof(SharedStorage);
+  static_assert(kSharedBytes <= 227 * 1024, "backward tiles exceed the 227 KB of shared memory per CTA");
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename Pipeline::PipelineState;
+  static constexpr std::uint32_t kRowValuesBytes = kBlockM * sizeof(float);
+  static constexpr std::uint32_t kQStageBytes = kBlockM * kHeadDim * sizeof(Element) + kRowValuesBytes;
+  static constexpr std::uint32_t kDOStageBytes = kBlockM * kHeadDimV * sizeof(Element) + kRowValuesBytes;
+  static constexpr std::uint32_t kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
+
+  // Named barriers of the consumers (ids past the forward's, which no backward CTA uses).
+  static constexpr unsigned kDsReadyBarrier = 0;  // both warpgroups' dS^T are in shared memory
+  static constexpr unsigned kDqBarrier = 1;       // around the dQ buffer's refill
+
+  template <class Dim>
+  using GmemTensorOf = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
+                                                  cute::Shape<int32_t, Dim, int32_t, int32_t>{},
+                                                  cute::Stride<int64_t, cute::_1, int64_t, int64_t>{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDim>{},
+                                            cute::take<0, 2>(SmemLayoutQ{}), cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
+  using TmaDO = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDimV>{},
+                                             cute::take<0, 2>(SmemLayoutDO{}), cute::Shape<BlockM, HeadDimV>{},
+                                             cute::_1{}));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDim>{}, SmemLayoutK{},
+                                            cute::Shape<BlockN, HeadDim>{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDimV>{}, SmemLayoutV{},
+                                            cute::Shape<BlockN, HeadDimV>{}, cute::_1{}));
+
+  struct Params {
+    TmaQ tma_q;
+    TmaDO tma_do;
+    TmaK tma_k;
+    TmaV tma_v;
+    Mask mask;
+    int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
+    int m_blocks, n_blocks;
+    float const* lse_log2;  // (batch, nheads, m_blocks * kBlockM)
+    float const* delta;
+    float* dq_accum;  // (batch, nheads, m_blocks, kDqTileFloats)
+    int* dq_semaphore;  // (batch, nheads, m_blocks) with `deterministic`, else null
+    Element* dk;
+    int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+    Element* dv;
+    int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+    float softmax_scale;
+    float softcap_prescale;  // softmax_scale / softcap
+    float score_scale_log2;  // (softcap, or softmax_scale) * log2(e): a kept score's exponent in log2 units
+  };
+
+  static Mask make_mask(BackwardParams const& p) {
+    if constexpr (Mask::kIsLocal) {
+      return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+    } else {
+      return {p.seqlen_q, p.seqlen_k};
+    }
+  }
+
+  static Params to_params(BackwardParams const& p) {
+    using namespace cute;
+    // TMA descriptors need non-empty extents: without query rows the walk is empty (no Q or dO is
+    // loaded), and Q and dO borrow K's address and a length of one.
+    bool const no_queries = p.seqlen_q == 0;
+    auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, p.batch),
+                         make_stride(row, _1{}, head, batch));
+    };
+    int const rows = no_queries ? 1 : p.seqlen_q;
+    auto mQ = gmem(no_queries ? p.k : p.q, HeadDim{}, rows, p.nheads, p.q_row_stride, p.q_head_stride,
+                   p.q_batch_stride);
+    auto mDO = gmem(no_queries ? p.v : p.dout, HeadDimV{}, rows, p.nheads, p.do_row_stride, p.do_head_stride,
+                    p.do_batch_stride);
+    auto mK = gmem(p.k, HeadDim{}, p.seqlen_k, p.nheads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+    auto mV = gmem(p.v, HeadDimV{}, p.seqlen_k, p.nheads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+    float constexpr kLog2e = 1.4426950408889634f;
+    bool const softcap = p.softcap > 0.f;
+    int const m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    return {make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(SmemLayoutQ{}), Shape<BlockM, HeadDim>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, mDO, take<0, 2>(SmemLayoutDO{}), Shape<BlockM, HeadDimV>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, mK, SmemLayoutK{}, Shape<BlockN, HeadDim>{}, _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<BlockN, HeadDimV>{}, _1{}),
+            make_mask(p),
+            p.seqlen_q,
+            p.seqlen_k,
+            p.nheads,
+            p.nheads_kv,
+            p.batch,
+            m_blocks,
+            (p.seqlen_k + kBlockN - 1) / kBlockN,
+            p.lse_log2,
+            p.delta,
+            p.dq_accum,
+            p.deterministic ? p.dq_semaphore : nullptr,
+            static_cast<Element*>(p.dk),
+            p.dk_batch_stride,
+            p.dk_row_stride,
+            p.dk_head_stride,
+            static_cast<Element*>(p.dv),
+            p.dv_batch_stride,
+            p.dv_row_stride,
+            p.dv_head_stride,
+            p.softmax_scale,
+            softcap ? p.softmax_scale / p.softcap : 0.f,
+            (softcap ? p.softcap : p.softmax_scale) * kLog2e};
+  }
+
+  // The CTA's key tile, KV head and batch: key tiles run fastest, so that with `deterministic` the
+  // CTAs a query tile waits on (lower key tiles of the same head) were launched before it.
+  struct Work {
+    int n_block, head_kv, batch;
+  };
+  static CUTLASS_DEVICE Work work_of(Params const& params) {
+    int const index = blockIdx.x;
+    int const n_block = index % params.n_blocks;
+    int const rest = index / params.n_blocks;
+    return {n_block, rest % params.nheads_kv, rest / params.nheads_kv};
+  }
+
+  // The query tiles that key tile n_block visits (a mask's query_blocks on its real keys).
+  static CUTLASS_DEVICE QueryBlocks query_blocks(Params const& params, int n_block) {
+    int const first_key = n_block * kBlockN;
+    int const last_key = cute::min(first_key + kBlockN, params.seqlen_k) - 1;
+    return params.mask.template query_blocks<kBlockM>(first_key, last_key);
+  }
+
+  // Index of (batch, head, m_block) among the query blocks of the workspace.
+  static CUTLASS_DEVICE int64_t row_block_index(Params const& params, int batch, int head, int m_block) {
+    return (int64_t{batch} * params.nheads + head) * params.m_blocks + m_block;
+  }
+
+  // Producer, one thread: K and V once, then per step the query tile's Q with its LSE and dO with its D.
+  static CUTLASS_DEVICE void load(Params const& params, SharedStorage& shared, Pipeline& pipeline_q,
+                                  Pipeline& pipeline_do, Work const& work, QueryBlocks const& blocks, int steps) {
+    using namespace cute;
+    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), SmemLayoutQ{});
+    Tensor sDO = make_tensor(make_smem_ptr(shared.dout.data()), SmemLayoutDO{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), SmemLayoutV{});
+    int const rows = cute::max(params.seqlen_q, 1);  // as in to_params
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(rows, HeadDim{}, params.nheads, params.batch));
+    Tensor mDO = params.tma_do.get_tma_tensor(make_shape(rows, HeadDimV{}, params.nheads, params.batch));
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
+    auto tma_q = params.tma_q.get_slice(_0{});
+    auto tma_do = params.tma_do.get_slice(_0{});
+    auto tma_k = params.tma_k.get_slice(_0{});
+    auto tma_v = params.tma_v.get_slice(_0{});
+
+    Tensor gK = local_tile(mK(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDim>{}, make_coord(work.n_block, _0{}));
+    Tensor gV = local_tile(mV(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDimV>{}, make_coord(work.n_block, _0{}));
+    using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+    shared.kv_full.arrive_and_expect_tx(kKVBytes);
+    copy(params.tma_k.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_k.partition_S(gK), tma_k.partition_D(sK));
+    copy(params.tma_v.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_v.partition_S(gV), tma_v.partition_D(sV));
+
+    int const group = params.nheads / params.nheads_kv;
+    int const m_count = blocks.end - blocks.begin;
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int step = 0; step < steps; ++step) {
+      int const head = work.head_kv * group + step / m_count;
+      int const m_block = blocks.begin + step % m_count;
+      int64_t const row_values = row_block_index(params, work.batch, head, m_block) * kBlockM;
+      Tensor gQ = local_tile(mQ(_, _, head, work.batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+      Tensor gDO = local_tile(mDO(_, _, head, work.batch), Shape<BlockM, HeadDimV>{}, make_coord(m_block, _0{}));
+
+      pipeline_q.producer_acquire(write);
+      BarrierType* q_barrier = pipeline_q.producer_get_barrier(write);
+      copy(params.tma_q.with(*q_barrier), tma_q.partition_S(gQ), tma_q.partition_D(sQ)(_, _, _, write.index()));
+      SM90_BULK_COPY_G2S::copy(params.lse_log2 + row_values, q_barrier,
+                               shared.lse_log2.data() + write.index() * kBlockM, kRowValuesBytes);
+      pipeline_do.producer_acquire(write);
+      BarrierType* do_barrier = pipeline_do.producer_get_barrier(write);
+      copy(params.tma_do.with(*do_barrier), tma_do.partition_S(gDO), tma_do.partition_D(sDO)(_, _, _, write.index()));
+      SM90_BULK_COPY_G2S::copy(params.delta + row_values, do_barrier, shared.delta.data() + write.index() * kBlockM,
+                               kRowValuesBytes);
+      ++write;
+    }
+  }
+
+  // Consumers: thread_idx in [0, kConsumerThreads), consumer the warpgroup (0 or 1).
+  static CUTLASS_DEVICE void compute(Params const& params, SharedStorage& shared, Pipeline& pipeline_q,
+                                     Pipeline& pipeline_do, Work const& work, QueryBlocks const& blocks, int steps,
+                                     int thread_idx, int consumer) {
+    using namespace cute;
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), SmemLayoutQt{});
+    Tensor sDO = make_tensor(make_smem_ptr(shared.dout.data()), SmemLayoutDO{});
+    Tensor sDOt = make_tensor(make_smem_ptr(shared.dout.data()), SmemLayoutDOt{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), SmemLayoutK{});
+    Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), SmemLayoutKt{});
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), SmemLayoutV{});
+    Tensor sDS = make_tensor(make_smem_ptr(shared.ds.data()), SmemLayoutDS{});
+    Tensor sDSt = make_tensor(make_smem_ptr(shared.ds.data()), SmemLayoutDSt{});
+
+    TiledMmaS mma_s;
+    TiledMmaDP mma_dp;
+    TiledMmaDV mma_dv;
+    TiledMmaDK mma_dk;
+    TiledMmaDQ mma_dq;
+    // Shared-memory descriptors from the warpgroup's slice (warp-uniform), as in the forward.
+    int const warpgroup_thread = consumer * kThreadsPerWarpGroup;
+    Tensor tSrK = mma_s.get_slice(warpgroup_thread).partition_fragment_A(sK);      // (MMA, MMA_M, MMA_K)
+    Tensor tSrQ = mma_s.get_slice(warpgroup_thread).partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K, stage)
+    Tensor tDPrV = mma_dp.get_slice(warpgroup_thread).partition_fragment_A(sV);
+    Tensor tDPrDO = mma_dp.get_slice(warpgroup_thread).partition_fragment_B(sDO);  // (..., stage)
+    Tensor tDVrDOt = mma_dv.get_slice(warpgroup_thread).partition_fragment_B(sDOt);
+    Tensor tDKrQt = mma_dk.get_slice(warpgroup_thread).partition_fragment_B(sQt);
+    Tensor tDQrDS = mma_dq.get_slice(warpgroup_thread).partition_fragment_A(sDS);
+    Tensor tDQrKt = mma_dq.get_slice(warpgroup_thread).partition_fragment_B(sKt);
+
+    auto thr_s = mma_s.get_thread_slice(thread_idx);
+    // (key row, query column) within the tile of each of this thread's S^T elements, and the same
+    // elements' places in dS^T's buffer.
+    Tensor coords = thr_s.partition_C(make_identity_tensor(Shape<BlockN, BlockM>{}));
+    Tensor tSsDSt = thr_s.partition_C(sDSt);
+
+    Tensor dv_accum = partition_fragment_C(mma_dv, Shape<BlockN, HeadDimV>{});
+    Tensor dk_accum = partition_fragment_C(mma_dk, Shape<BlockN, HeadDim>{});
+    clear(dv_accum);
+    clear(dk_accum);
+
+    int const group = params.nheads / params.nheads_kv;
+    int const m_count = blocks.end - blocks.begin;
+    int const first_key = work.n_block * kBlockN;
+    bool const leader = thread_idx == 0;  // issues the dQ reductions
+    if (steps > 0) shared.kv_full.wait(0);
+    PipelineState read;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int step = 0; step < steps; ++step) {
+      int const head = work.head_kv * group + step / m_count;
+      int const m_block = blocks.begin + step % m_count;
+      int const stage = read.index();
+
+      Tensor s_accum = partition_fragment_C(mma_s, Shape<BlockN, BlockM>{});
+      Tensor dp_accum = partition_fragment_C(mma_dp, Shape<BlockN, BlockM>{});
+      pipeline_q.consumer_wait(read);
+      warpgroup_gemm<true, -1>(mma_s, tSrK, tSrQ(_, _, _, stage), s_accum);
+      pipeline_do.consumer_wait(read);
+      warpgroup_gemm<true, -1>(mma_dp, tDPrV, tDPrDO(_, _, _, stage), dp_accum);
+
+      // P^T = exp2(kept score * score_scale_log2 - LSE_log2); 0 where masked, and in query rows
+      // past seqlen_q or that see no key (LSE_log2 = +inf there).
+      warpgroup_wait<1>();
+      float const* lse_log2 = shared.lse_log2.data() + stage * kBlockM;
+      Tensor dtanh = make_fragment_like(s_accum);  // 1 - t^2, with soft-capping
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(s_accum); ++i) {
+        int const col = get<1>(coords(i));
+        float kept = s_accum(i);
+        if constexpr (kSoftcap) {
+          kept = fast_tanh(kept * params.softcap_prescale);
+          dtanh(i) = 1.f - kept * kept;
+        }
+        float p = exp2f(kept * params.score_scale_log2 - lse_log2[col]);
+        if constexpr (Mask::kIsLocal) {
+          RowKeys const keys = params.mask.row_keys(m_block * kBlockM + col);
+          int const key = first_key + get<0>(coords(i));
+          if (key < keys.begin || key >= keys.end) p = 0.f;
+        }
+        s_accum(i) = p;
+      }
+      // dS^T = P^T (dP^T - D) (1 - t^2), without softmax_scale.
+      warpgroup_wait<0>();
+      float const* delta = shared.delta.data() + stage * kBlockM;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(dp_accum); ++i) {
+        float ds = s_accum(i) * (dp_accum(i) - delta[get<1>(coords(i))]);
+        if constexpr (kSoftcap) ds *= dtanh(i);
+        dp_accum(i) = ds;
+      }
+      Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_accum.layout()));
+      convert_fragment_into(s_accum, p_regs);
+      Tensor ds_regs = make_tensor<Element>(accumulator_as_a_operand(dp_accum.layout()));
+      convert_fragment_into(dp_accum, ds_regs);
+      warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
+
+      // dS^T into shared memory for dQ; the last step's dQ GEMMs have read the buffer (kDqBarrier).
+      Tensor ds_rows = make_tensor(ds_regs.data(), dp_accum.layout());  // the same registers, C's layout
+      copy(ds_rows, tSsDSt);
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDsReadyBarrier);
+
+      warpgroup_gemm<false, -1>(mma_dk, ds_regs, tDKrQt(_, _, _, stage), dk_accum);
+      Tensor dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
+      warpgroup_gemm<true, 0>(mma_dq, tDQrDS, tDQrKt, dq);
+      pipeline_q.consumer_release(read);
+      pipeline_do.consumer_release(read);
+      ++read;
+
+      // dQ into its buffer, once the last reduction has read it, then added into the accumulator.
+      if (leader) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDqBarrier);
+      float4* dq_chunks = reinterpret_cast<float4*>(shared.dq.data());
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < kDqFragment / 4; ++c) {
+        dq_chunks[c * kConsumerThreads + thread_idx] = make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
+      }
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDqBarrier);
+      if (leader) {
+        int64_t const block = row_block_index(params, work.batch, head, m_block);
+        int* semaphore = params.dq_semaphore != nullptr ? params.dq_semaphore + block : nullptr;
+        if (semaphore != nullptr) {
+          // This tile's turn: after every lower key tile that visits the query tile.
+          int const last_query = cute::min(m_block * kBlockM + kBlockM, params.seqlen_q) - 1;
+          int const turn = work.n_block - params.mask.template key_blocks<kBlockN>(m_block * kBlockM, last_query).begin;
+          while (load_acquire(semaphore) != turn) {
+          }
+        }
+        bulk_reduce_add(params.dq_accum + block * kDqTileFloats, shared.dq.data(), kDqTileFloats * sizeof(float));
+        tma_store_arrive();
+        if (semaphore != nullptr) {
+          bulk_wait_complete();
+          __threadfence();
+          atomicAdd(semaphore, 1);
+        }
+      }
+    }
+    if (leader) tma_store_wait<0>();  // the last reduction has read the buffer before the CTA exits
+
+    store_rows<kHeadDim>(params, dk_accum, mma_dk, params.dk, params.dk_batch_stride, params.dk_row_stride,
+                         params.dk_head_stride, params.softmax_scale, work, thread_idx);
+    store_rows<kHeadDimV>(params, dv_accum, mma_dv, params.dv, params.dv_batch_stride, params.dv_row_stride,
+                          params.dv_head_stride, 1.f, work, thread_idx);
+  }
+
+  // dK or dV (kCols columns, scaled by `scale`) from the accumulator into global memory, the key
+  // rows below seqlen_k, two adjacent columns per store.
+  template <int kCols, class Accum, class TiledMma>
+  static CUTLASS_DEVICE void store_rows(Params const& params, Accum const& accum, TiledMma const& mma, Element* out,
+                                        int64_t batch_stride, int64_t row_stride, int64_t head_stride, float scale,
+                                        Work const& work, int thread_idx) {
+    using namespace cute;
+    Tensor coords = mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(Shape<BlockN, Int<kCols>>{}));
+    Element* base = out + work.batch * batch_stride + work.head_kv * head_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      int const row = work.n_block * kBlockN + get<0>(coords(i));
+      if (row < params.seqlen_k) {
+        store_pair(base + row * row_stride + get<1>(coords(i)), accum(i) * scale, accum(i + 1) * scale);
+      }
+    }
+  }
+
+  CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
+    using namespace cute;
+    SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group = cutlass::canonical_warp_group_idx();  // 0: producer, 1 ..: consumers
+    Work const work = work_of(params);
+    QueryBlocks const blocks = query_blocks(params, work.n_block);
+    int const steps = blocks.empty() ? 0 : (params.nheads / params.nheads_kv) * (blocks.end - blocks.begin);
+
+    if (threadIdx.x == 0) shared.kv_full.init(1);
+    auto const pipeline_params = [&](std::uint32_t stage_bytes) {
+      typename Pipeline::Params ring;
+      ring.transaction_bytes = stage_bytes;
+      ring.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+      ring.is_leader = threadIdx.x == 0;
+      ring.num_consumers = kConsumerThreads;
+      return ring;
+    };
+    Pipeline pipeline_q(shared.pipeline_q, pipeline_params(kQStageBytes), Shape<_1, _1, _1>{});
+    Pipeline pipeline_do(shared.pipeline_do, pipeline_params(kDOStageBytes), Shape<_1, _1, _1>{});
+    __syncthreads();  // every barrier is initialised before any thread waits on or arrives at one
+
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
+      if (threadIdx.x == 0 && steps > 0) load(params, shared, pipeline_q, pipeline_do, work, blocks, steps);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Roles::kConsumerRegisters>();
+      compute(params, shared, pipeline_q, pipeline_do, work, blocks, steps, threadIdx.x - kThreadsPerWarpGroup,
+              warp_group - 1);
+    }
+  }
+
+  // ---- preprocess and postprocess: one CTA of kConsumerThreads threads per query tile of a head ----
+
+  struct RowParams {
+    Element const* o;
+    Element const* dout;
+    float const* lse;
+    Element* dq;
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+    int64_t do_batch_stride, do_row_stride, do_head_stride;
+    int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
+    int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+    int seqlen_q, nheads, m_blocks;
+    float softmax_scale;
+    float* lse_log2;
+    float* delta;
+    float* dq_accum;
+  };
+
+  static RowParams to_row_params(BackwardParams const& p) {
+    return {static_cast<Element const*>(p.o), static_cast<Element const*>(p.dout), p.lse, static_cast<Element*>(p.dq),
+            p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
+            p.do_head_stride, p.lse_batch_stride, p.lse_head_stride, p.lse_row_stride, p.dq_batch_stride,
+            p.dq_row_stride, p.dq_head_stride, p.seqlen_q, p.nheads, (p.seqlen_q + kBlockM - 1) / kBlockM,
+            p.softmax_scale, p.lse_log2, p.delta, p.dq_accum};
+  }
+
+  // The query tile of a row-block CTA, query tiles fastest.
+  struct RowBlock {
+    int m_block, head, batch;
+  };
+  static CUTLASS_DEVICE RowBlock row_block_of(RowParams const& params) {
+    int const index = blockIdx.x;
+    return {index % params.m_blocks, index / params.m_blocks % params.nheads, index / params.m_blocks / params.nheads};
+  }
+
+  // D = rowsum(dO * O) and LSE * log2(e) of the tile's rows (a warp per row; rows past seqlen_q get
+  // D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator cleared.
+  static CUTLASS_DEVICE void preprocess(RowParams const& params) {
+    RowBlock const at = row_block_of(params);
+    int const m_block = at.m_block, head = at.head, batch = at.batch;
+    int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int kWarps = kConsumerThreads / 32;
+    int64_t const block = (int64_t{batch} * params.nheads + head) * params.m_blocks + m_block;
+    for (int r = warp; r < kBlockM; r += kWarps) {
+      int const row = m_block * kBlockM + r;
+      float sum = 0.f;
+      float lse_log2 = cutlass::platform::numeric_limits<float>::infinity();
+      if (row < params.seqlen_q) {
+        Element const* o = params.o + batch * params.o_batch_stride + row * params.o_row_stride + head * params.o_head_stride;
+        Element const* dout =
+            params.dout + batch * params.do_batch_stride + row * params.do_row_stride + head * params.do_head_stride;
+        for (int c = lane; c < kHeadDimV; c += 32) sum += float(o[c]) * float(dout[c]);
+        float const lse = params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride +
+                                     row * params.lse_row_stride];
+        if (lse != -cutlass::platform::numeric_limits<float>::infinity()) lse_log2 = lse * 1.4426950408889634f;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+      if (lane == 0) {
+        params.delta[block * kBlockM + r] = sum;
+        params.lse_log2[block * kBlockM + r] = lse_log2;
+      }
+    }
+    float4* accum = reinterpret_cast<float4*>(params.dq_accum + block * kDqTileFloats);
+    for (int i = threadIdx.x; i < kDqTileFloats / 4; i += kConsumerThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
+  // dQ = softmax_scale * accumulator of the tile's rows below seqlen_q: thread t reads the values
+  // that consumer thread t added (TiledMmaDQ's fragment), two adjacent columns per store.
+  static CUTLASS_DEVICE void postprocess(RowParams const& params) {
+    using namespace cute;
+    RowBlock const at = row_block_of(params);
+    int const m_block = at.m_block, head = at.head, batch = at.batch;
+    int const thread_idx = threadIdx.x;
+    int64_t const block = (int64_t{batch} * params.nheads + head) * params.m_blocks + m_block;
+    float4 const* accum = reinterpret_cast<float4 const*>(params.dq_accum + block * kDqTileFloats);
+    TiledMmaDQ mma_dq;
+    Tensor coords = mma_dq.get_thread_slice(thread_idx).partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{}));
+    static_assert(decltype(size(coords))::value == kDqFragment);
+    Element* dq = params.dq + batch * params.dq_batch_stride + head * params.dq_head_stride;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kDqFragment / 4; ++c) {
+      float4 const chunk = accum[c * kConsumerThreads + thread_idx];
+      float const values[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; j += 2) {
+        int const row = m_block * kBlockM + get<0>(coords(4 * c + j));
+        if (row < params.seqlen_q) {
+          store_pair(dq + row * params.dq_row_stride + get<1>(coords(4 * c + j)), values[j] * params.softmax_scale,
+                     values[j + 1] * params.softmax_scale);
+        }
+      }
+    }
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    backward_kernel(CUTE_GRID_CONSTANT typename Kernel::Params const params) {
+  extern __shared__ __align__(1024) unsigned char smem_buf[];
+  Kernel{}(params, smem_buf);
+}
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kConsumerThreads)
+    backward_preprocess_kernel(CUTE_GRID_CONSTANT typename Kernel::RowParams const params) {
+  Kernel::preprocess(params);
+}
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kConsumerThreads)
+    backward_postprocess_kernel(CUTE_GRID_CONSTANT typename Kernel::RowParams const params) {
+  Kernel::postprocess(params);
+}
+
+}  // namespace flashhop::sm90

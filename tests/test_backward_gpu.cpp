@@ -1,0 +1,279 @@
+// The backward pass on the GPU against the CPU reference in double precision: fresh random inputs,
+// O and LSE from flashhop's forward, dq, dk and dv poisoned (NaN) before the call, over odd shapes,
+// GQA ratios, every mask kind and soft-capping; the kernels' error may be twice the error of the same
+// computation at the kernels' precision (attention_backward_low_precision) plus the final rounding.
+// Skipped without a Hopper GPU, and for configurations the build did not compile.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashhop/flashhop.h"
+#include "reference/attention_ref.h"
+#include "reference/tolerance.h"
+#include "test_utils.h"
+
+namespace flashhop_test {
+namespace {
+
+using flashhop::Status;
+using flashhop::StatusCode;
+
+struct NamedOptions {
+  const char* name;
+  Masking masking;
+};
+
+const NamedOptions kFull{"full", {}};
+const NamedOptions kCausal{"causal", {true}};
+const NamedOptions kWindow{"window61_17", {false, 61, 17}};
+const NamedOptions kCausalWindow{"causal_window100", {true, 100, 0}};
+const NamedOptions kSoftcap{"softcap", {false, -1, -1, 1.5f}};
+const NamedOptions kSoftcapCausal{"softcap_causal", {true, -1, -1, 1.5f}};
+
+struct BackwardCase {
+  DType dtype;
+  NamedOptions options;
+  Problem problem;
+  bool deterministic = false;
+};
+
+std::string name(const BackwardCase& c) {
+  const Problem& p = c.problem;
+  return std::string(c.dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" + std::to_string(p.head_dim) + "_" +
+         c.options.name + "_b" + std::to_string(p.batch) + "_sq" + std::to_string(p.seqlen_q) + "_sk" +
+         std::to_string(p.seqlen_k) + "_h" + std::to_string(p.nheads) + "_kv" + std::to_string(p.nheads_kv) +
+         (c.deterministic ? "_deterministic" : "");
+}
+void PrintTo(const BackwardCase& c, std::ostream* out) { *out << name(c); }
+
+// A contiguous device tensor with its host image.
+struct Tensor {
+  TensorDesc desc;
+  DeviceBuffer buffer;
+
+  Tensor(DType dtype, std::initializer_list<std::int64_t> shape)
+      : desc(flashhop::make_contiguous(nullptr, dtype, shape)), buffer(bytes_of(desc)) {
+    desc.data = buffer.data();
+  }
+  static std::size_t bytes_of(const TensorDesc& desc) {
+    std::size_t elements = 1;
+    for (int d = 0; d < desc.rank; ++d) elements *= static_cast<std::size_t>(desc.shape[d]);
+    return elements * flashhop::dtype_size(desc.dtype);
+  }
+  std::int64_t elements() const { return static_cast<std::int64_t>(bytes_of(desc) / flashhop::dtype_size(desc.dtype)); }
+  void upload(const std::vector<float>& values) {
+    std::vector<unsigned char> image(bytes_of(desc));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      store_element(desc.dtype, values[i], &image[i * flashhop::dtype_size(desc.dtype)]);
+    }
+    buffer.upload(image);
+  }
+  void poison() { buffer.upload(poisoned_storage(desc.dtype, elements())); }
+  std::vector<float> download() const {
+    const std::vector<unsigned char> image = buffer.download();
+    std::vector<float> values(static_cast<std::size_t>(elements()));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = load_element(desc.dtype, &image[i * flashhop::dtype_size(desc.dtype)]);
+    }
+    return values;
+  }
+};
+
+// flashhop::X with the workspace X_size asks for, poisoned; waits for the stream before freeing it.
+template <typename Args, typename Size, typename Run>
+Status with_workspace(const Args& args, Size size, Run run, cudaStream_t stream) {
+  std::size_t bytes = 0;
+  if (const Status status = size(args, &bytes); !status.ok()) return status;
+  DeviceBuffer workspace(bytes);
+  workspace.upload(std::vector<unsigned char>(bytes, 0xff));
+  const Status status = run(args, workspace.data(), bytes, stream);
+  cuda_check(cudaStreamSynchronize(stream), "synchronize");
+  return status;
+}
+
+struct Gradients {
+  std::vector<float> dq, dk, dv;
+};
+
+// Forward then backward on the GPU for inputs q, k, v and dout; the gradients.
+std::optional<Gradients> run_backward(const BackwardCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                                      const std::vector<float>& v, const std::vector<float>& dout,
+                                      Status* failure) {
+  const Problem& p = c.problem;
+  Tensor tq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
+  Tensor tk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
+  Tensor tv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
+  Tensor to(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()});
+  Tensor tdo(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()});
+  Tensor tlse(DType::kFloat32, {p.batch, p.nheads, p.seqlen_q});
+  Tensor tdq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
+  Tensor tdk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
+  Tensor tdv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
+  tq.upload(q);
+  tk.upload(k);
+  tv.upload(v);
+  tdo.upload(dout);
+  for (Tensor* t : {&to, &tlse, &tdq, &tdk, &tdv}) t->poison();
+
+  const Masking& m = c.options.masking;
+  flashhop::ForwardArgs forward;
+  forward.q = tq.desc;
+  forward.k = tk.desc;
+  forward.v = tv.desc;
+  forward.o = to.desc;
+  forward.lse = tlse.desc;
+  forward.causal = m.causal;
+  forward.window_left = m.window_left;
+  forward.window_right = m.window_right;
+  forward.softcap = m.softcap;
+  flashhop::BackwardArgs backward;
+  backward.q = tq.desc;
+  backward.k = tk.desc;
+  backward.v = tv.desc;
+  backward.o = to.desc;
+  backward.dout = tdo.desc;
+  backward.lse = tlse.desc;
+  backward.dq = tdq.desc;
+  backward.dk = tdk.desc;
+  backward.dv = tdv.desc;
+  backward.causal = m.causal;
+  backward.window_left = m.window_left;
+  backward.window_right = m.window_right;
+  backward.softcap = m.softcap;
+  backward.deterministic = c.deterministic;
+
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  Status status = with_workspace(forward, flashhop::forward_workspace_size, flashhop::forward, stream);
+  if (status.ok()) status = with_workspace(backward, flashhop::backward_workspace_size, flashhop::backward, stream);
+  cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  if (!status.ok()) {
+    *failure = status;
+    return std::nullopt;
+  }
+  return Gradients{tdq.download(), tdk.download(), tdv.download()};
+}
+
+double max_abs(const std::vector<double>& values) {
+  double m = 0;
+  for (double x : values) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Largest |got - expected| and where.
+std::pair<double, std::size_t> max_error(const std::vector<float>& got, const std::vector<double>& expected) {
+  std::pair<double, std::size_t> error{0.0, 0};
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double difference = std::abs(double{got[i]} - expected[i]);
+    if (!(difference <= error.first)) error = {difference, i};  // NaN counts as the largest
+  }
+  return error;
+}
+
+using BackwardGpu = GpuTestWithParam<BackwardCase>;
+
+TEST_P(BackwardGpu, MatchesReference) {
+  const BackwardCase& c = GetParam();
+  const Problem& p = c.problem;
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "random seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<float> q = random_normal(p.q_elements(), c.dtype, rng);
+  const std::vector<float> k = random_normal(p.k_elements(), c.dtype, rng);
+  const std::vector<float> v = random_normal(p.v_elements(), c.dtype, rng);
+  const std::vector<float> dout = random_normal(p.o_elements(), c.dtype, rng);
+
+  Status failure;
+  const std::optional<Gradients> got = run_backward(c, q, k, v, dout, &failure);
+  if (failure.code == StatusCode::kNotSupported) GTEST_SKIP() << failure.message;
+  ASSERT_TRUE(got.has_value()) << failure.message;
+
+  flashhop::reference::ScoreOptions options;
+  options.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(p.head_dim)));
+  options.softcap = c.options.masking.softcap;
+  options.causal = c.options.masking.causal;
+  options.window_left = c.options.masking.window_left;
+  options.window_right = c.options.masking.window_right;
+  std::vector<double> dq_ref, dk_ref, dv_ref;
+  flashhop::reference::attention_backward(p.shape(), q.data(), k.data(), v.data(), dout.data(), options, &dq_ref,
+                                          &dk_ref, &dv_ref);
+  std::vector<float> dq_low, dk_low, dv_low;
+  flashhop::reference::attention_backward_low_precision(p.shape(), q.data(), k.data(), v.data(), dout.data(),
+                                                        options, c.dtype, &dq_low, &dk_low, &dv_low);
+
+  const double unit = c.dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const struct {
+    const char* name;
+    const std::vector<float>& got;
+    const std::vector<float>& low;
+    const std::vector<double>& ref;
+  } gradients[] = {{"dq", got->dq, dq_low, dq_ref}, {"dk", got->dk, dk_low, dk_ref}, {"dv", got->dv, dv_low, dv_ref}};
+  for (const auto& g : gradients) {
+    const auto [error, at] = max_error(g.got, g.ref);
+    const double baseline = max_error(g.low, g.ref).first;
+    // FlashAttention's rule, plus the final rounding at the largest gradient's size; soft-capping's
+    // tanh.approx moves each score by up to softcap * 2^-11.
+    const double tolerance = 2 * baseline + unit * std::max(1.0, max_abs(g.ref)) +
+                             flashhop::reference::softcap_score_error(c.options.masking.softcap) * max_abs(g.ref);
+    EXPECT_LE(error, tolerance) << g.name << ": max error at element " << at << ": got " << g.got[at]
+                                << ", reference " << g.ref[at] << "; low-precision baseline error " << baseline;
+  }
+}
+
+TEST_P(BackwardGpu, DeterministicCallsAreBitwiseIdentical) {
+  BackwardCase c = GetParam();
+  if (!c.deterministic) GTEST_SKIP() << "only for deterministic cases";
+  const Problem& p = c.problem;
+  std::mt19937 rng(7);
+  const std::vector<float> q = random_normal(p.q_elements(), c.dtype, rng);
+  const std::vector<float> k = random_normal(p.k_elements(), c.dtype, rng);
+  const std::vector<float> v = random_normal(p.v_elements(), c.dtype, rng);
+  const std::vector<float> dout = random_normal(p.o_elements(), c.dtype, rng);
+  Status failure;
+  const std::optional<Gradients> first = run_backward(c, q, k, v, dout, &failure);
+  if (failure.code == StatusCode::kNotSupported) GTEST_SKIP() << failure.message;
+  ASSERT_TRUE(first.has_value()) << failure.message;
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    const std::optional<Gradients> again = run_backward(c, q, k, v, dout, &failure);
+    ASSERT_TRUE(again.has_value()) << failure.message;
+    EXPECT_TRUE(again->dq == first->dq && again->dk == first->dk && again->dv == first->dv) << "repeat " << repeat;
+  }
+}
+
+std::vector<BackwardCase> cases() {
+  // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): single rows, partial tiles, seqlen_q != seqlen_k
+  // both ways, GQA ratios 1, 2, 8, and empty sequences.
+  const std::vector<Problem> shapes = {
+      {1, 1, 1, 1, 1},      {1, 63, 65, 2, 2},     {2, 113, 113, 4, 2},  {1, 128, 128, 2, 1},
+      {1, 255, 1000, 2, 2}, {1, 1000, 255, 8, 1},  {1, 2049, 2049, 2, 2}, {1, 0, 65, 2, 1},
+      {1, 65, 0, 2, 1},     {2, 300, 300, 16, 2},
+  };
+  std::vector<BackwardCase> all;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (int d : {64, 96, 128}) {
+      for (const NamedOptions& options : {kFull, kCausal, kWindow, kCausalWindow, kSoftcap, kSoftcapCausal}) {
+        if (dtype == DType::kFloat16 && options.masking.window_left >= 0) continue;  // bf16 covers the windows
+        for (Problem problem : shapes) {
+          problem.head_dim = d;
+          all.push_back({dtype, options, problem});
+        }
+      }
+      Problem problem{2, 300, 500, 8, 2, d};
+      all.push_back({dtype, kCausal, problem, /*deterministic=*/true});
+      all.push_back({dtype, kFull, problem, /*deterministic=*/true});
+    }
+  }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, BackwardGpu, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<BackwardCase>& info) { return name(info.param); });
+
+}  // namespace
+}  // namespace flashhop_test

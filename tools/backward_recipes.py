@@ -1,0 +1,48 @@
+"""The recipe of every compiled backward kernel configuration (tools/generate_instantiations.py
+writes src/kernels/sm90/bwd_recipes.h, the instantiation files and their CMake entries from it).
+
+A recipe is a (head dims, mask kind) configuration, compiled once per dtype of forward_recipes.DTYPES
+(each file holds the kernel with and without soft-capping). The CTA owns block_n key rows, 64 per
+consumer warpgroup, and walks query tiles of block_m rows; its shared memory holds K and V
+(block_n x d, block_n x dv), `stages` Q and dO tiles, dS (block_m x block_n) and dQ in fp32
+(block_m x d). Registers per consumer thread (two warpgroups, 240 each): dK and dV accumulators
+d / 2 and dv / 2 floats, S^T and dP^T 32 each, dQ d / 4.
+"""
+from dataclasses import dataclass
+
+ELEMENT_BYTES = 2
+SHARED_BYTES_PER_CTA = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Recipe:
+    head_dims: tuple  # (d, dv)
+    mask: str  # "nomask" or "local"
+    why: str
+    block_m: int = 64
+    block_n: int = 128
+    stages: int = 2
+
+    @property
+    def name(self):
+        d, dv = self.head_dims
+        return f"hdim{d}" + ("" if d == dv else f"x{dv}") + f"_{self.mask}"
+
+
+def shared_bytes(r):
+    d, dv = r.head_dims
+    tensors = ELEMENT_BYTES * (r.block_n * (d + dv) + r.stages * r.block_m * (d + dv) + r.block_m * r.block_n)
+    return tensors + 4 * r.block_m * d + 2 * 4 * r.stages * r.block_m + 1024
+
+
+def _rows():
+    rows = []
+    for d in (64, 96, 128):
+        for mask in ("nomask", "local"):
+            rows.append(Recipe((d, d), mask, why="two consumer warpgroups of 64 key rows; dQ's columns split between them"))
+    for r in rows:
+        assert shared_bytes(r) <= SHARED_BYTES_PER_CTA, r.name
+    return rows
+
+
+RECIPES = _rows()
