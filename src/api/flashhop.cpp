@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/dispatch.h"
+#include "api/nvtx.h"
 #include "api/plan.h"
 
 namespace flashhop {
@@ -155,7 +156,10 @@ Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes) {
   // Without a device to ask, no round is split, and the kernel, given no workspace, splits none.
   detail::DeviceFacts device;
   if (!read_device_facts(args.q.device, &device).ok()) device = {};
-  *bytes = detail::plan_forward(args, device).workspace_bytes;
+  const detail::ForwardPlan plan = detail::plan_forward(args, device);
+  // The profiler's range (nvtx.h): it marks the query in the timeline, named by its plan.
+  const detail::ScopedRange range("forward_workspace_size", plan);
+  *bytes = plan.workspace_bytes;
   return Status::success();
 }
 
@@ -166,6 +170,8 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   detail::DeviceFacts device;
   const Status device_status = read_device_facts(args.q.device, &device);
   detail::ForwardPlan plan = detail::plan_forward(args, device_status.ok() ? device : detail::DeviceFacts{});
+  // The profiler's range, named by the plan, until the call returns (nvtx.h).
+  const detail::ScopedRange range("forward", plan);
 
   const std::size_t required = plan.workspace_bytes;
   if (workspace_bytes < required || (required > 0 && workspace == nullptr)) {
