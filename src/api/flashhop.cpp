@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/dispatch.h"
+#include "api/nvtx.h"
 #include "api/plan.h"
 
 namespace flashhop {
@@ -166,7 +167,10 @@ Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes) {
   // Without a device to ask, no round is split, and the kernel, given no workspace, splits none.
   detail::DeviceFacts device;
   if (!read_device_facts(args.q.device, &device).ok()) device = {};
-  *bytes = detail::plan_forward(args, device).workspace_bytes;
+  const detail::ForwardPlan plan = detail::plan_forward(args, device);
+  // The profiler's range (nvtx.h): it marks the query in the timeline, named by its plan.
+  const detail::ScopedRange range("forward_workspace_size", plan);
+  *bytes = plan.workspace_bytes;
   return Status::success();
 }
 
@@ -177,6 +181,8 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   detail::DeviceFacts device;
   const Status device_status = read_device_facts(args.q.device, &device);
   detail::ForwardPlan plan = detail::plan_forward(args, device_status.ok() ? device : detail::DeviceFacts{});
+  // The profiler's range, named by the plan, until the call returns (nvtx.h).
+  const detail::ScopedRange range("forward", plan);
 
   const std::size_t required = plan.workspace_bytes;
   if (Status status = check_workspace(workspace, workspace_bytes, required, "forward_workspace_size"); !status.ok()) {
@@ -209,13 +215,16 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
 Status backward_workspace_size(const BackwardArgs& args, std::size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: expected a pointer to write the size to"};
   if (Status status = validate_backward(args); !status.ok()) return status;
-  *bytes = static_cast<std::size_t>(detail::plan_backward(args).workspace.bytes);
+  const detail::BackwardPlan plan = detail::plan_backward(args);
+  const detail::ScopedRange range("backward_workspace_size", plan);
+  *bytes = static_cast<std::size_t>(plan.workspace.bytes);
   return Status::success();
 }
 
 Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (Status status = validate_backward(args); !status.ok()) return status;
   detail::BackwardPlan plan = detail::plan_backward(args);
+  const detail::ScopedRange range("backward", plan);
   const auto required = static_cast<std::size_t>(plan.workspace.bytes);
   if (Status status = check_workspace(workspace, workspace_bytes, required, "backward_workspace_size"); !status.ok()) {
     return status;
