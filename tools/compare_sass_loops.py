@@ -3,7 +3,7 @@
 
 A source change, or a compiler option, can make ptxas schedule a kernel's key-tile loops anew: the
 loop keeps its instructions but not their order or registers, and that alone can move its speed by
-several percent (docs/PERFORMANCE.md, thirty-ninth and fortieth sessions). Before timing a change,
+several percent (docs/PERFORMANCE.md, decision log D97 and D98). Before timing a change,
 this tool says whether the loops it did not mean to touch kept their schedule.
 
 For each kernel function present in both files (objects, archives or executables, through

@@ -15,6 +15,7 @@
 // that bounds decoding (PEERS.md), only a lower bound on the traffic where several query tiles read
 // the same K/V.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -563,6 +564,16 @@ void print_progress(const Result& r, double gemm_tflops) {
   std::fflush(stdout);
 }
 
+// Where a sweep stands, on stderr so that stdout's table and the JSON stay as they are: configurations
+// done of all, the time so far, and the time left at the mean pace so far (a guess: configurations
+// differ in their check's and their calls' time).
+void print_sweep_progress(std::size_t done, std::size_t total, std::chrono::steady_clock::time_point start) {
+  if (total < 2) return;
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "[%zu/%zu] %.0f s so far, about %.0f s left\n", done, total, elapsed,
+               elapsed / double(done) * double(total - done));
+}
+
 // The closing table: one row per configuration; a pack GQA column when some configuration sets it.
 void print_table(const std::vector<Result>& results, double gemm_tflops, bool check) {
   const bool pack = std::any_of(results.begin(), results.end(),
@@ -719,11 +730,13 @@ int run(const Options& options) {
               gemm_tflops);
 
   std::vector<Result> results;
+  const auto sweep_start = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < options.configs.size(); ++i) {
     // Each configuration draws its own inputs; sets within one are spaced by their index.
     const std::uint64_t seed = options.seed + i * std::uint64_t(kMaxInputSets);
     results.push_back(run_config(options.configs[i], options, seed, stream));
     print_progress(results.back(), gemm_tflops);
+    print_sweep_progress(i + 1, options.configs.size(), sweep_start);
   }
   cudaStreamDestroy(stream);
 

@@ -5,7 +5,7 @@ the round before, all with the peers table's timing (100 calls and 2 s of warm-u
 A single pass of the peers table runs flashhop's whole sweep before the peers, and the GPU's clock
 under its power limit drifts between the two by a few percent, on short cells by up to 15% from one
 pass to the next; rounds side by side rank two libraries that close (docs/PERFORMANCE.md,
-thirty-fourth and forty-fifth sessions).
+Method).
 
 Usage, on the GPU machine (FA3 importable for the fa3 peer: scripts/gpu_run.sh's install_fa3, or
 PYTHONPATH at the unpacked wheel of scripts/fetch_peers.sh):

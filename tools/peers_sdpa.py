@@ -128,7 +128,7 @@ def median_time_ms(launch, warmup, iters, warmup_ms=0.0):
     of calls, each waited for). The warm-up's clock starts once the first call has ended: cuDNN's
     first call of a shape builds its execution plan on the host for a second or more, with the GPU
     idle, which otherwise takes the place of the warm-up, so that the timed calls of a short shape
-    ran on a GPU not yet at its power limit (docs/PERFORMANCE.md, forty-fifth session).
+    ran on a GPU not yet at its power limit (docs/PERFORMANCE.md, Method).
     Returns Timing(ms, host_ms): host_ms is the host's time per call to enqueue the first
     HOST_PROBE_CALLS timed calls with their events, right after a synchronize, too few to fill the
     launch queue (a full queue would hold the host back to the GPU's pace). Where it nears ms
