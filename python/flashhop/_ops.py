@@ -61,8 +61,12 @@ def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """Gradients of q, k and v from the gradient of out, for the forward call with these options
     (out and lse its outputs); deterministic accumulates dq in a fixed order (bitwise repeatable)."""
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    if grad_out.dim() == 4 and grad_out.stride(-1) != 1:
-        grad_out = grad_out.contiguous()  # the kernels read rows with a contiguous last dimension
+    # The kernels read rows with a contiguous last dimension and step along every other one; autograd
+    # hands over broadcast gradients (stride 0, e.g. of out.sum()) as they are.
+    if grad_out.dim() == 4 and any(stride != 1 if d == 3 else stride == 0
+                                   for d, (size, stride) in enumerate(zip(grad_out.shape, grad_out.stride()))
+                                   if size > 1):
+        grad_out = grad_out.contiguous()
     with torch.cuda.device(q.device):
         _c_api.backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left,
                         window_right, softcap, deterministic)
