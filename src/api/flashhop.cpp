@@ -69,10 +69,8 @@ struct DevicePointer {
   bool has_elements;
 };
 
-// Kernels launch on the current device, so every pointer must live there (or be managed memory).
-// An empty tensor is never dereferenced, and its pointer may be null or one past an allocation (an
-// empty slice), which the runtime attributes to no device: only pointers with elements are asked.
-Status check_device_memory(int device, std::initializer_list<DevicePointer> pointers) {
+// Kernels launch on the current device: the tensors' device must be it.
+Status check_current_device(int device) {
   int current = -1;
   if (cudaError_t error = cudaGetDevice(&current); error != cudaSuccess) return cuda_error("cudaGetDevice", error);
   if (current != device) {
@@ -80,6 +78,13 @@ Status check_device_memory(int device, std::initializer_list<DevicePointer> poin
                                               ": expected the current CUDA device (" + std::to_string(current) +
                                               "); call cudaSetDevice first"};
   }
+  return Status::success();
+}
+
+// Every pointer with elements must be memory of the current device `device` (or managed memory). An
+// empty tensor is never dereferenced, and its pointer may be null or one past an allocation (an
+// empty slice), which the runtime attributes to no device: only pointers with elements are asked.
+Status check_device_memory(int device, std::initializer_list<DevicePointer> pointers) {
   for (const auto& [name, data, has_elements] : pointers) {
     if (!has_elements) continue;
     cudaPointerAttributes attributes{};
@@ -87,10 +92,10 @@ Status check_device_memory(int device, std::initializer_list<DevicePointer> poin
       cudaGetLastError();  // the failed query must not surface later as a launch error
       return cuda_error((std::string(name) + ": cudaPointerGetAttributes").c_str(), error);
     }
-    const bool on_device = attributes.type == cudaMemoryTypeDevice && attributes.device == current;
+    const bool on_device = attributes.type == cudaMemoryTypeDevice && attributes.device == device;
     if (!on_device && attributes.type != cudaMemoryTypeManaged) {
       std::ostringstream message;
-      message << name << " = " << data << ": expected memory of CUDA device " << current << ", got ";
+      message << name << " = " << data << ": expected memory of CUDA device " << device << ", got ";
       if (attributes.type == cudaMemoryTypeDevice) {
         message << "memory of device " << attributes.device;
       } else {
@@ -188,6 +193,7 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   if (Status status = check_workspace(workspace, workspace_bytes, required, "forward_workspace_size"); !status.ok()) {
     return status;
   }
+  if (Status status = check_current_device(args.q.device); !status.ok()) return status;
   if (!device_status.ok()) return device_status;
   if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
   plan.params.workspace = required > 0 ? workspace : nullptr;
@@ -229,6 +235,7 @@ Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace
   if (Status status = check_workspace(workspace, workspace_bytes, required, "backward_workspace_size"); !status.ok()) {
     return status;
   }
+  if (Status status = check_current_device(args.q.device); !status.ok()) return status;
   if (Status status = check_compute_capability(args.q.device); !status.ok()) return status;
   const sm90::BackwardParams& p = plan.params;
   const bool rows = p.batch > 0 && p.seqlen_q > 0, keys = p.batch > 0 && p.seqlen_k > 0;
