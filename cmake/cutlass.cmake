@@ -7,6 +7,7 @@
 #      pyproject.toml's build requirements put the package; else the python3 on PATH;
 #   4. else nvidia-cutlass is installed into this build tree (headers only, --no-deps) with that
 #      interpreter's pip.
+# pyproject.toml's build requirement and scripts/fetch_cutlass.sh pin the same version.
 set(FLASHHOP_CUTLASS_VERSION "4.2.0.0")
 set(CUTLASS_DIR "" CACHE PATH "Directory that holds the CUTLASS include tree (cute/, cutlass/)")
 
