@@ -1,10 +1,12 @@
 // The C API: status codes, null arguments, C-only fields (causal, use_softmax_scale,
-// lse pointer, use_window) and the per-thread last-error message.
+// lse pointer, use_window, deterministic), the backward's entries and the per-thread last-error
+// message.
 #include "flashhop/flashhop_c.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -219,6 +221,39 @@ TEST(CApi, ForwardChecksTheDeviceAfterValidation) {
     EXPECT_EQ(status, FLASHHOP_CUDA_ERROR);  // the current device cannot be asked
     EXPECT_TRUE(mentions(last_error(), "cudaGetDevice")) << last_error();
   }
+}
+
+// The backward of CArgs's call: dout, dq, dk and dv in allocations of their own.
+flashhop_backward_args_t backward_args(const CArgs& c) {
+  flashhop_backward_args_t args{};
+  args.q = c.args.q;
+  args.k = c.args.k;
+  args.v = c.args.v;
+  args.o = c.args.o;
+  args.lse = c.lse;
+  const auto at = [](std::uintptr_t gib) { return reinterpret_cast<void*>(std::uintptr_t{0x7f1000000000} + (gib << 32)); };
+  args.dout = to_c(flashhop::make_contiguous(at(0), DType::kBFloat16, {2, 33, 8, 128}));
+  args.dq = to_c(flashhop::make_contiguous(at(1), DType::kBFloat16, {2, 33, 8, 128}));
+  args.dk = to_c(flashhop::make_contiguous(at(2), DType::kBFloat16, {2, 65, 2, 128}));
+  args.dv = to_c(flashhop::make_contiguous(at(3), DType::kBFloat16, {2, 65, 2, 128}));
+  return args;
+}
+
+TEST(CApi, BackwardWorkspaceAndFlags) {
+  CArgs c;
+  flashhop_backward_args_t args = backward_args(c);
+  size_t bytes = 0;
+  EXPECT_EQ(flashhop_backward_workspace_size(&args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  EXPECT_GT(bytes, 0u);
+  args.deterministic = 2;
+  EXPECT_EQ(flashhop_backward_workspace_size(&args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "deterministic = 2: expected 0 or 1");
+  args.deterministic = 1;
+  args.dk.dtype = FLASHHOP_FLOAT16;
+  EXPECT_EQ(flashhop_backward(&args, nullptr, 0, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "dk.dtype = float16")) << last_error();
+  EXPECT_EQ(flashhop_backward_workspace_size(nullptr, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "args = null: expected backward arguments");
 }
 
 }  // namespace
