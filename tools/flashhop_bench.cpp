@@ -1,6 +1,7 @@
-// flashhop-bench: times flashhop::forward on one configuration or on a named sweep, next to the
-// cuBLAS bf16 GEMM rate measured in the same run, and with --check compares each output with the
-// CPU reference (bench_check.h says how). `flashhop-bench --help` lists the flags.
+// flashhop-bench: times flashhop::forward (or, with --bwd, flashhop::backward) on one configuration
+// or on a named sweep, next to the cuBLAS bf16 GEMM rate measured in the same run, and with --check
+// compares each forward output with the CPU reference (bench_check.h says how). `flashhop-bench
+// --help` lists the flags.
 //
 // Method (the tool library's device/METHOD.md): random normal inputs drawn on the device, fresh for
 // every configuration; as many input sets as it takes to exceed three times the L2 cache, rotated
@@ -10,7 +11,8 @@
 // sq * sk / 2 for the causal mask with sq == sk (the convention the peers' numbers use; also when
 // that mask is given as the window (-1, 0)), and otherwise (causal with sq != sk, sliding windows)
 // the exact count of (query, key) pairs the bottom-right aligned band leaves visible. Soft-capping
-// adds nothing to the count. K/V bandwidth, for every configuration: the bytes of K and V,
+// adds nothing to the count. The backward's FLOPs are 2.5 times the forward's (FlashAttention's
+// convention: five GEMMs of the forward's size for its two). K/V bandwidth, for every configuration: the bytes of K and V,
 // b * sk * h_kv * (d + dv) * element size, over the time, as if each were read once; the figure
 // that bounds decoding (PEERS.md), only a lower bound on the traffic where several query tiles read
 // the same K/V.
@@ -57,6 +59,7 @@ struct Options {
   std::string sweep;  // empty for a single configuration
   bool check = false;
   bool lse = true;  // the timed calls write LSE (--no-lse: they pass none, as an inference call would)
+  bool backward = false;  // --bwd: time the backward of each configuration's forward call
   int warmup = 10, iters = 50;
   double warmup_ms = 0;  // the warm-up lasts at least this long too (bench_device.h: WarmUp)
   std::string json_path;
@@ -86,7 +89,7 @@ const char* pack_gqa_name(PackGqa mode) {
 
 void print_usage(std::FILE* out) {
   std::fprintf(out,
-      "Usage: flashhop-bench [configuration | --sweep NAME] [--check] [--no-lse] [--iters N] [--warmup N]\n"
+      "Usage: flashhop-bench [configuration | --sweep NAME] [--bwd | --check] [--no-lse] [--iters N] [--warmup N]\n"
       "                      [--warmup-ms MS] [--seed N] [--json FILE]\n"
       "Configuration (defaults in brackets):\n"
       "  --batch N [4]  --seqlen N [4096] (or --seqlen-q N --seqlen-k N)  --nheads N [16]\n"
@@ -108,6 +111,8 @@ void print_usage(std::FILE* out) {
       "                    With a sweep, --head-dim N and --causal keep only its configurations with\n"
       "                    that head dim, or causal ones, and --no-mask those without a mask\n"
       "Other:\n"
+      "  --bwd             time the backward (dq, dk, dv from the forward's o, lse and a random dout;\n"
+      "                    FLOPs 2.5 x the forward's); its correctness is the GPU tests' (no --check)\n"
       "  --check           compare O and LSE with the CPU double-precision reference\n"
       "  --no-lse          the timed calls pass no LSE output (the checked call still writes it)\n"
       "  --iters N [50]    timed calls per configuration (median reported); --warmup N [10]\n"
@@ -300,6 +305,8 @@ std::optional<Options> parse_options(int argc, char** argv) {
       options.sweep = *text;
     } else if (flag == "--check") {
       options.check = true;
+    } else if (flag == "--bwd") {
+      options.backward = true;
     } else if (flag == "--no-lse") {
       options.lse = false;
     } else if (flag == "--iters") {
@@ -325,6 +332,11 @@ std::optional<Options> parse_options(int argc, char** argv) {
       std::fprintf(stderr, "flashhop-bench: unknown flag '%s' (see --help)\n", argv[i]);
       return std::nullopt;
     }
+  }
+  if (options.backward && options.check) {
+    std::fprintf(stderr, "flashhop-bench: --check compares forward outputs; with --bwd the GPU tests "
+                         "(BackwardGpu.*) check the gradients\n");
+    return std::nullopt;
   }
   config.seqlen_q = seqlen_q.value_or(seqlen.value_or(config.seqlen_q));
   config.seqlen_k = seqlen_k.value_or(seqlen.value_or(config.seqlen_k));
@@ -387,15 +399,20 @@ double forward_flops(const Config& c) {
   return 2.0 * c.batch * c.nheads * attended_pairs(c) * (c.head_dim + c.head_dim_v);
 }
 
+double backward_flops(const Config& c) { return 2.5 * forward_flops(c); }
+
 // The bytes of K and V, by the bandwidth convention in this file's header comment.
 double kv_bytes(const Config& c) {
   return double(c.batch) * c.seqlen_k * c.nheads_kv * (c.head_dim + c.head_dim_v) * dtype_size(c.dtype);
 }
 
-// The device tensors of one forward call, contiguous in flashhop's layout.
+// The device tensors of one forward call, contiguous in flashhop's layout, and with --bwd those of
+// its backward (dout random, the gradients written by the timed calls).
 struct InputSet {
   DeviceBuffer q, k, v, o, lse;
   ForwardArgs args;
+  DeviceBuffer dout, dq, dk, dv;
+  BackwardArgs backward;
 };
 
 InputSet make_input_set(const Config& c, std::uint64_t seed, cudaStream_t stream) {
@@ -406,7 +423,7 @@ InputSet make_input_set(const Config& c, std::uint64_t seed, cudaStream_t stream
   const std::int64_t lse_elems = std::int64_t(c.batch) * c.nheads * c.seqlen_q;
   const std::size_t elem = dtype_size(c.dtype);
   InputSet set{DeviceBuffer(q_elems * elem), DeviceBuffer(k_elems * elem), DeviceBuffer(v_elems * elem),
-               DeviceBuffer(o_elems * elem), DeviceBuffer(lse_elems * sizeof(float)), {}};
+               DeviceBuffer(o_elems * elem), DeviceBuffer(lse_elems * sizeof(float)), {}, {}, {}, {}, {}, {}};
   fill_random_normal(set.q.data(), q_elems, c.dtype, seed * 4 + 0, stream);
   fill_random_normal(set.k.data(), k_elems, c.dtype, seed * 4 + 1, stream);
   fill_random_normal(set.v.data(), v_elems, c.dtype, seed * 4 + 2, stream);
@@ -426,12 +443,33 @@ InputSet make_input_set(const Config& c, std::uint64_t seed, cudaStream_t stream
   return set;
 }
 
+// Adds the backward's tensors to `set`, whose forward call has written o and lse.
+void add_backward(const Config& c, std::uint64_t seed, cudaStream_t stream, InputSet* set) {
+  const std::size_t elem = dtype_size(c.dtype);
+  set->dout = DeviceBuffer(set->o.bytes());
+  set->dq = DeviceBuffer(set->q.bytes());
+  set->dk = DeviceBuffer(set->k.bytes());
+  set->dv = DeviceBuffer(set->v.bytes());
+  fill_random_normal(set->dout.data(), std::int64_t(set->o.bytes() / elem), c.dtype, seed * 4 + 3, stream);
+  const ForwardArgs& f = set->args;
+  BackwardArgs& b = set->backward;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = *f.lse;
+  b.dout = f.o, b.dout.data = set->dout.data();
+  b.dq = f.q, b.dq.data = set->dq.data();
+  b.dk = f.k, b.dk.data = set->dk.data();
+  b.dv = f.v, b.dv.data = set->dv.data();
+  b.causal = f.causal, b.window_left = f.window_left, b.window_right = f.window_right, b.softcap = f.softcap;
+}
+
 std::size_t input_set_bytes(const Config& c) {
   const std::size_t elem = dtype_size(c.dtype);
   const std::size_t q_and_o = std::size_t(c.batch) * c.seqlen_q * c.nheads * (c.head_dim + c.head_dim_v) * elem;
   const std::size_t k_and_v = std::size_t(c.batch) * c.seqlen_k * c.nheads_kv * (c.head_dim + c.head_dim_v) * elem;
   return q_and_o + k_and_v + std::size_t(c.batch) * c.nheads * c.seqlen_q * sizeof(float);
 }
+
+// With --bwd a set also holds dout, dq, dk and dv: twice q, k, v and o.
+std::size_t set_bytes_of(const Config& c, bool backward) { return input_set_bytes(c) * (backward ? 2 : 1); }
 
 template <typename T>
 std::vector<T> copy_to_host(const DeviceBuffer& buffer) {
@@ -452,7 +490,7 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
     cuda_check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 cache size");
     std::size_t free_bytes = 0, total_bytes = 0;
     cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-    const std::size_t set_bytes = input_set_bytes(c);
+    const std::size_t set_bytes = set_bytes_of(c, options.backward);
     const double wanted = std::ceil(kL2Multiple * l2_bytes / double(set_bytes));
     // Rotating sets may take at most half of the free memory; one set always.
     const double affordable = std::floor(0.5 * double(free_bytes) / double(set_bytes));
@@ -473,6 +511,30 @@ Result run_config(const Config& c, const Options& options, std::uint64_t seed, c
       if (!status.ok()) throw BenchError("forward: " + status.message);
       cuda_check(cudaGetLastError(), "after forward");
     };
+
+    if (options.backward) {
+      // Each set's forward runs once, untimed, for its o and lse; then the backward calls are timed.
+      for (int s = 0; s < result.input_sets; ++s) {
+        call(s);
+        add_backward(c, seed + s, stream, &sets[s]);
+      }
+      std::size_t backward_bytes = 0;
+      if (const Status status = backward_workspace_size(sets[0].backward, &backward_bytes); !status.ok()) {
+        result.error = "backward_workspace_size: " + status.message;
+        return result;
+      }
+      DeviceBuffer backward_workspace(backward_bytes);
+      auto backward_call = [&](int i) {
+        const Status status = flashhop::backward(sets[i % sets.size()].backward, backward_workspace.data(),
+                                                 backward_bytes, stream);
+        if (!status.ok()) throw BenchError("backward: " + status.message);
+        cuda_check(cudaGetLastError(), "after backward");
+      };
+      result.ms = median_time_ms(backward_call, {options.warmup, options.warmup_ms}, options.iters, stream);
+      result.tflops = backward_flops(c) / (result.ms * 1e-3) / 1e12;
+      result.kv_tbps = kv_bytes(c) / (result.ms * 1e-3) / 1e12;
+      return result;
+    }
 
     if (options.check) {
       poison(sets[0].o, stream);
@@ -644,8 +706,10 @@ void write_json(const std::string& path, const Options& options, const DeviceInf
   out << "  \"sweep\": " << (options.sweep.empty() ? "null" : json_string(options.sweep)) << ",\n";
   out << "  \"seed\": " << options.seed << ", \"warmup\": " << options.warmup
       << ", \"warmup_ms\": " << json_number(options.warmup_ms) << ", \"iters\": " << options.iters
-      << ", \"lse\": " << (options.lse ? "true" : "false") << ",\n";
-  out << "  \"flops_convention\": \"2*b*h*pairs*(d+dv); pairs = sq*sk without a mask, causal sq==sk: sq*sk/2, "
+      << ", \"lse\": " << (options.lse ? "true" : "false") << ", \"pass\": \""
+      << (options.backward ? "backward" : "forward") << "\",\n";
+  out << "  \"flops_convention\": \"" << (options.backward ? "2.5 x " : "")
+      << "2*b*h*pairs*(d+dv); pairs = sq*sk without a mask, causal sq==sk: sq*sk/2, "
          "other masks: exact count of the bottom-right band\",\n";
   out << "  \"kv_bandwidth_convention\": \"b*sk*h_kv*(d+dv)*element bytes / time: K and V counted once\",\n";
   out << "  \"gemm\": {\"m\": " << kGemmSize << ", \"n\": " << kGemmSize << ", \"k\": " << kGemmSize
@@ -717,10 +781,10 @@ int run(const Options& options) {
   std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d\n", device.name.c_str(),
               device.cc_major, device.cc_minor, device.sm_count, device.l2_bytes >> 20,
               device.runtime_version, device.driver_version);
-  std::printf("seed %llu, %d warm-up calls (and at least %.0f ms) + %d timed calls per configuration, median; "
-              "LSE %s\n",
-              (unsigned long long)options.seed, options.warmup, options.warmup_ms, options.iters,
-              options.lse ? "written" : "not written by the timed calls");
+  std::printf("%s; seed %llu, %d warm-up calls (and at least %.0f ms) + %d timed calls per configuration, "
+              "median; LSE %s\n",
+              options.backward ? "backward (FLOPs 2.5 x the forward's)" : "forward", (unsigned long long)options.seed,
+              options.warmup, options.warmup_ms, options.iters, options.lse ? "written" : "not written by the timed calls");
 
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");

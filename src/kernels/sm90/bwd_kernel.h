@@ -167,7 +167,7 @@ struct BackwardKernel {
   static constexpr std::uint32_t kDOStageBytes = kBlockM * kHeadDimV * sizeof(Element) + kRowValuesBytes;
   static constexpr std::uint32_t kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
 
-  // Named barriers of the consumers (ids past the forward's, which no backward CTA uses).
+  // Named barriers of the consumers (ids offset past CUTLASS's reserved ones by NamedBarrier).
   static constexpr unsigned kDsReadyBarrier = 0;  // both warpgroups' dS^T are in shared memory
   static constexpr unsigned kDqBarrier = 1;       // around the dQ buffer's refill
 
