@@ -11,6 +11,8 @@
 #     bench     flashhop-bench --sweep peers --check --json
 #     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists; with FA3's forward when
 #               scripts/fetch_peers.sh has put its wheel under .deps/peers (installed into BUILD_DIR)
+#     backward  flashhop-bench --sweep peers --bwd, then tools/backward_bench.py (flashhop's backward
+#               through PyTorch beside SDPA's cuDNN and FA2 backward) (not in the default list)
 #     features  flashhop-bench --sweep features (windows, softcap, head dims 96 / 192), --check then timed
 #     gqa       flashhop-bench --sweep gqa (GQA decode and short queries, --pack-gqa on and off), --check
 #               then timed, and tools/peers_sdpa.py --sweep gqa merged with it (not in the default list)
@@ -34,7 +36,8 @@
 #                       (default "--warmup 100 --warmup-ms 2000 --iters 500")
 #   PROFILE_CONFIGS     flashhop-bench shapes for the profile stage, ';'-separated (default: the short
 #                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
-# Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, peers.log,
+# Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, backward.log,
+# backward.json, backward_peers.log, backward_peers.json, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
 # sanitize.log, profile.log (+ profile_N[_fa3].ncu-rep / .csv), sass_check.log, sass_summary.txt, smi.csv;
 # and all of them again in all_logs.tar.gz.
@@ -148,6 +151,20 @@ stage_bench() {
   "$BUILD_DIR/tools/flashhop-bench" $BENCH_ARGS --json "$OUT/bench.json" 2>&1 | tee -a "$log" | tail -45
 }
 
+# The backward over the peers grid: flashhop-bench --bwd (timed, JSON), then tools/backward_bench.py,
+# flashhop's backward through PyTorch beside SDPA's cuDNN and FA2 backward in one run (needs the
+# Python package: scripts/python_gpu_check.sh installs it; without it that half reports the import error).
+stage_backward() {
+  local log="$OUT/backward.log" status=0
+  # shellcheck disable=SC2086  # TIMING is a list of flags
+  "$BUILD_DIR/tools/flashhop-bench" --sweep peers --bwd $TIMING --json "$OUT/backward.json" >"$log" 2>&1 || status=1
+  tail -40 "$log"
+  # shellcheck disable=SC2086
+  python3 "$root/tools/backward_bench.py" --json "$OUT/backward_peers.json" >"$OUT/backward_peers.log" 2>&1 || status=1
+  tail -40 "$OUT/backward_peers.log"
+  return "$status"
+}
+
 stage_features() {
   local log="$OUT/features.log"
   # shellcheck disable=SC2086  # TIMING is a list of flags
@@ -193,10 +210,10 @@ stage_sanitize() {
   local log="$OUT/sanitize.log" binary="$BUILD_DIR/tests/flashhop_tests" status=0
   : >"$log"
   compute-sanitizer --tool memcheck --error-exitcode 9 "$binary" --gtest_brief=1 \
-    --gtest_filter='Grid/ForwardGpu.*/bf16_*_b2_sq113_sk113_h4_kv2:Grid/ForwardGpu.*/bf16_*_b4_sq1000_sk300_h8_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_*_b1_sq113_sk257_h6_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_*_b4_sq300_sk500_h16_kv2:WideBand/ForwardGpuWideBand.*/bf16_*_b1_sq777_sk4900_h3_kv1:WideBand/ForwardGpuWideBand.*/bf16_*_b1_sq300_sk2600_h3_kv3:SplitRound/ForwardGpu.*/bf16_d64_*:SplitRound/ForwardGpu.*/bf16_d96_*:SplitRound/ForwardGpu.*/bf16_d128_*:PackGqaSplit/ForwardGpuPackGqa.*/bf16_*_full_*:ShortQueries/ForwardGpuShortQueries.*/bf16_*' \
+    --gtest_filter='Grid/ForwardGpu.*/bf16_*_b2_sq113_sk113_h4_kv2:Grid/ForwardGpu.*/bf16_*_b4_sq1000_sk300_h8_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_*_b1_sq113_sk257_h6_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_*_b4_sq300_sk500_h16_kv2:WideBand/ForwardGpuWideBand.*/bf16_*_b1_sq777_sk4900_h3_kv1:WideBand/ForwardGpuWideBand.*/bf16_*_b1_sq300_sk2600_h3_kv3:SplitRound/ForwardGpu.*/bf16_d64_*:SplitRound/ForwardGpu.*/bf16_d96_*:SplitRound/ForwardGpu.*/bf16_d128_*:PackGqaSplit/ForwardGpuPackGqa.*/bf16_*_full_*:ShortQueries/ForwardGpuShortQueries.*/bf16_*:Grid/BackwardGpu.*/bf16_*_b2_sq113_sk113_h4_kv2:Grid/BackwardGpu.*/bf16_d128_causal_b2_sq300_sk500_h8_kv2_deterministic' \
     >>"$log" 2>&1 || status=1
   compute-sanitizer --tool racecheck --error-exitcode 9 "$binary" --gtest_brief=1 \
-    --gtest_filter='Grid/ForwardGpu.*/bf16_d64_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d96_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192x128_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192_*_b4_sq1000_sk300_h8_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d64_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d96_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d192x128_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d192_*_b4_sq300_sk500_h16_kv2:WideBand/ForwardGpuWideBand.*/bf16_d64_causal_b2_sq1000_sk5000_h16_kv2:Grid/ForwardGpu.*/bf16_d256_full_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d128_full_b6_sq400_sk100_h32_kv8:Grid/ForwardGpu.*/bf16_d128_causal_b6_sq400_sk100_h32_kv8:SplitRound/ForwardGpu.*/bf16_d128_full_b4_sq1_sk1152_h37_kv37:SplitRound/ForwardGpu.*/bf16_d64_full_b1_sq100_sk9000_h4_kv4:PackGqaSplit/ForwardGpuPackGqa.*/bf16_d64_full_b3_sq1_sk9000_h8_kv2:ShortQueries/ForwardGpuShortQueries.*/bf16_d128_full_*:ShortQueries/ForwardGpuShortQueries.*/bf16_d128_causal_*' \
+    --gtest_filter='Grid/ForwardGpu.*/bf16_d64_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d96_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192x128_*_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d192_*_b4_sq1000_sk300_h8_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d64_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d96_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d192x128_*_b4_sq300_sk500_h16_kv2:PackGqa/ForwardGpuPackGqa.*/bf16_d192_*_b4_sq300_sk500_h16_kv2:WideBand/ForwardGpuWideBand.*/bf16_d64_causal_b2_sq1000_sk5000_h16_kv2:Grid/ForwardGpu.*/bf16_d256_full_b4_sq1000_sk300_h8_kv2:Grid/ForwardGpu.*/bf16_d128_full_b6_sq400_sk100_h32_kv8:Grid/ForwardGpu.*/bf16_d128_causal_b6_sq400_sk100_h32_kv8:SplitRound/ForwardGpu.*/bf16_d128_full_b4_sq1_sk1152_h37_kv37:SplitRound/ForwardGpu.*/bf16_d64_full_b1_sq100_sk9000_h4_kv4:PackGqaSplit/ForwardGpuPackGqa.*/bf16_d64_full_b3_sq1_sk9000_h8_kv2:ShortQueries/ForwardGpuShortQueries.*/bf16_d128_full_*:ShortQueries/ForwardGpuShortQueries.*/bf16_d128_causal_*:Grid/BackwardGpu.MatchesReference/bf16_d*_causal_b2_sq113_sk113_h4_kv2:Grid/BackwardGpu.MatchesReference/bf16_d128_softcap_b1_sq255_sk1000_h2_kv2' \
     >>"$log" 2>&1 || status=1
   grep -E 'ERROR SUMMARY|PASSED|FAILED' "$log"
   return "$status"
@@ -326,7 +343,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=c
 smi_pid=$!
 for stage in "${stages[@]}"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    note "unknown stage '$stage' (build test bench peers features gqa sanitize profile sass)"
+    note "unknown stage '$stage' (build test bench backward peers features gqa sanitize profile sass)"
     failed=1
     continue
   fi
