@@ -103,8 +103,7 @@ struct Gradients {
 
 // Forward then backward on the GPU for inputs q, k, v and dout; the gradients.
 std::optional<Gradients> run_backward(const BackwardCase& c, const std::vector<float>& q, const std::vector<float>& k,
-                                      const std::vector<float>& v, const std::vector<float>& dout,
-                                      Status* failure) {
+                                      const std::vector<float>& v, const std::vector<float>& dout, Status* failure) {
   const Problem& p = c.problem;
   Tensor tq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
   Tensor tk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
@@ -204,8 +203,8 @@ TEST_P(BackwardGpu, MatchesReference) {
   flashhop::reference::attention_backward(p.shape(), q.data(), k.data(), v.data(), dout.data(), options, &dq_ref,
                                           &dk_ref, &dv_ref);
   std::vector<float> dq_low, dk_low, dv_low;
-  flashhop::reference::attention_backward_low_precision(p.shape(), q.data(), k.data(), v.data(), dout.data(),
-                                                        options, c.dtype, &dq_low, &dk_low, &dv_low);
+  flashhop::reference::attention_backward_low_precision(p.shape(), q.data(), k.data(), v.data(), dout.data(), options,
+                                                        c.dtype, &dq_low, &dk_low, &dv_low);
 
   const double unit = c.dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
   const struct {
@@ -221,8 +220,8 @@ TEST_P(BackwardGpu, MatchesReference) {
     // tanh.approx moves each score by up to softcap * 2^-11.
     const double tolerance = 2 * baseline + unit * std::max(1.0, max_abs(g.ref)) +
                              flashhop::reference::softcap_score_error(c.options.masking.softcap) * max_abs(g.ref);
-    EXPECT_LE(error, tolerance) << g.name << ": max error at element " << at << ": got " << g.got[at]
-                                << ", reference " << g.ref[at] << "; low-precision baseline error " << baseline;
+    EXPECT_LE(error, tolerance) << g.name << ": max error at element " << at << ": got " << g.got[at] << ", reference "
+                                << g.ref[at] << "; low-precision baseline error " << baseline;
   }
 }
 
@@ -250,9 +249,8 @@ std::vector<BackwardCase> cases() {
   // (batch, seqlen_q, seqlen_k, nheads, nheads_kv): single rows, partial tiles, seqlen_q != seqlen_k
   // both ways, GQA ratios 1, 2, 8, and empty sequences.
   const std::vector<Problem> shapes = {
-      {1, 1, 1, 1, 1},      {1, 63, 65, 2, 2},     {2, 113, 113, 4, 2},  {1, 128, 128, 2, 1},
-      {1, 255, 1000, 2, 2}, {1, 1000, 255, 8, 1},  {1, 2049, 2049, 2, 2}, {1, 0, 65, 2, 1},
-      {1, 65, 0, 2, 1},     {2, 300, 300, 16, 2},
+      {1, 1, 1, 1, 1},      {1, 63, 65, 2, 2},     {2, 113, 113, 4, 2}, {1, 128, 128, 2, 1}, {1, 255, 1000, 2, 2},
+      {1, 1000, 255, 8, 1}, {1, 2049, 2049, 2, 2}, {1, 0, 65, 2, 1},    {1, 65, 0, 2, 1},    {2, 300, 300, 16, 2},
   };
   std::vector<BackwardCase> all;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {

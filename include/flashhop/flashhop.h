@@ -86,11 +86,11 @@ struct ForwardArgs {
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): none
-// without query rows; 4 with a causal or window mask (the counter of the kernel's tile queue); without a mask at head dims 96
-// and 128, and at 64 on its 64-row tiles (packed GQA rows, short query sequences), when the tiles
-// leave a last round (or a single one, as in decoding) that pays to split over the device's SMs by
-// keys, room for the split's partial results (for the current device's SM count, up to about
-// 20 MB); else 0.
+// without query rows; 4 with a causal or window mask (the counter of the kernel's tile queue);
+// without a mask at head dims 96 and 128, and at 64 on its 64-row tiles (packed GQA rows, short
+// query sequences), when the tiles leave a last round (or a single one, as in decoding) that pays
+// to split over the device's SMs by keys, room for the split's partial results (for the current
+// device's SM count, up to about 20 MB); else 0.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.

@@ -68,12 +68,14 @@ flashhop::TensorDesc to_cpp(const flashhop_tensor_t& tensor) {
 // A C flag that must be 0 or 1.
 flashhop::Status check_flag(const char* name, int value) {
   if (value == 0 || value == 1) return flashhop::Status::success();
-  return {flashhop::StatusCode::kInvalidArgument, std::string(name) + " = " + std::to_string(value) + ": expected 0 or 1"};
+  return {flashhop::StatusCode::kInvalidArgument,
+          std::string(name) + " = " + std::to_string(value) + ": expected 0 or 1"};
 }
 
 flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardArgs* out) {
   if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected forward arguments"};
-  for (const auto& [name, value] : {std::pair{"causal", args->causal}, std::pair{"use_softmax_scale", args->use_softmax_scale},
+  for (const auto& [name, value] : {std::pair{"causal", args->causal},
+                                    std::pair{"use_softmax_scale", args->use_softmax_scale},
                                     std::pair{"use_window", args->use_window}}) {
     if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
   }
@@ -100,8 +102,10 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
 
 flashhop::Status to_cpp(const flashhop_backward_args_t* args, flashhop::BackwardArgs* out) {
   if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected backward arguments"};
-  for (const auto& [name, value] : {std::pair{"causal", args->causal}, std::pair{"use_softmax_scale", args->use_softmax_scale},
-                                    std::pair{"use_window", args->use_window}, std::pair{"deterministic", args->deterministic}}) {
+  for (const auto& [name, value] : {std::pair{"causal", args->causal},
+                                    std::pair{"use_softmax_scale", args->use_softmax_scale},
+                                    std::pair{"use_window", args->use_window},
+                                    std::pair{"deterministic", args->deterministic}}) {
     if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
   }
   out->q = to_cpp(args->q);

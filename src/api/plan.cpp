@@ -1,5 +1,5 @@
-// The plan of a forward or backward call (plan.h): the tile choice, packed GQA rows, the recipe, the kernel's
-// arguments and the workspace, from validated arguments.
+// The plan of a forward or backward call (plan.h): the tile choice, packed GQA rows, the recipe,
+// the kernels' arguments and the workspace, from validated arguments.
 #include "api/plan.h"
 
 #include <algorithm>
@@ -221,7 +221,9 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
 
   for (int i = 0; i < sm90::kNumBackwardRecipes; ++i) {
     const sm90::BackwardRecipe& r = sm90::kBackwardRecipes[i];
-    if (r.head_dim == params.head_dim && r.head_dim_v == params.head_dim_v && r.local() == params.local) plan.recipe = i;
+    if (r.head_dim == params.head_dim && r.head_dim_v == params.head_dim_v && r.local() == params.local) {
+      plan.recipe = i;
+    }
   }
   plan.workspace = params.batch == 0 ? sm90::BackwardWorkspace{}
                                      : sm90::BackwardWorkspace::plan(params.batch, params.nheads, params.seqlen_q,

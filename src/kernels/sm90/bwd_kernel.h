@@ -106,15 +106,15 @@ struct BackwardKernel {
   using TiledMmaDP = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, BlockM, HeadDimV>>{}, KeyRowsAtoms{}));
   using TiledMmaDV = decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, HeadDimV, BlockM>>{}, KeyRowsAtoms{}));
   using TiledMmaDK = decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, HeadDim, BlockM>>{}, KeyRowsAtoms{}));
-  using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      SsMma<cute::Shape<BlockM, cute::Int<kHeadDim / kConsumers>, BlockN>, cute::GMMA::Major::MN,
-            cute::GMMA::Major::MN>{},
-      DqColumnAtoms{}));
+  using TiledMmaDQ = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockM, cute::Int<kHeadDim / kConsumers>, BlockN>,
+                                                         cute::GMMA::Major::MN, cute::GMMA::Major::MN>{},
+                                                   DqColumnAtoms{}));
 
   // Q and dO rings, K and V: the wgmma K-major swizzled layouts, head dim contiguous as in global
   // memory. The transposed views read the same bytes with the head dim as N (MN-major B operands).
   template <class Rows, class Cols>
-  using KMajor = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, Rows, Cols>());
+  using KMajor =
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, Rows, Cols>());
   using SmemLayoutQ = decltype(cute::tile_to_shape(KMajor<BlockM, HeadDim>{}, cute::Shape<BlockM, HeadDim, Stages>{}));
   using SmemLayoutDO =
       decltype(cute::tile_to_shape(KMajor<BlockM, HeadDimV>{}, cute::Shape<BlockM, HeadDimV, Stages>{}));
@@ -175,11 +175,12 @@ struct BackwardKernel {
   using GmemTensorOf = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
                                                   cute::Shape<int32_t, Dim, int32_t, int32_t>{},
                                                   cute::Stride<int64_t, cute::_1, int64_t, int64_t>{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDim>{},
-                                            cute::take<0, 2>(SmemLayoutQ{}), cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
-  using TmaDO = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDimV>{},
-                                             cute::take<0, 2>(SmemLayoutDO{}), cute::Shape<BlockM, HeadDimV>{},
-                                             cute::_1{}));
+  using TmaQ =
+      decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDim>{}, cute::take<0, 2>(SmemLayoutQ{}),
+                                   cute::Shape<BlockM, HeadDim>{}, cute::_1{}));
+  using TmaDO =
+      decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDimV>{}, cute::take<0, 2>(SmemLayoutDO{}),
+                                   cute::Shape<BlockM, HeadDimV>{}, cute::_1{}));
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDim>{}, SmemLayoutK{},
                                             cute::Shape<BlockN, HeadDim>{}, cute::_1{}));
   using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDimV>{}, SmemLayoutV{},
@@ -195,7 +196,7 @@ struct BackwardKernel {
     int m_blocks, n_blocks;
     float const* lse_log2;  // (batch, nheads, m_blocks * kBlockM)
     float const* delta;
-    float* dq_accum;  // (batch, nheads, m_blocks, kDqTileFloats)
+    float* dq_accum;    // (batch, nheads, m_blocks, kDqTileFloats)
     int* dq_semaphore;  // (batch, nheads, m_blocks) with `deterministic`, else null
     Element* dk;
     int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
@@ -224,8 +225,8 @@ struct BackwardKernel {
                          make_stride(row, _1{}, head, batch));
     };
     int const rows = no_queries ? 1 : p.seqlen_q;
-    auto mQ = gmem(no_queries ? p.k : p.q, HeadDim{}, rows, p.nheads, p.q_row_stride, p.q_head_stride,
-                   p.q_batch_stride);
+    auto mQ =
+        gmem(no_queries ? p.k : p.q, HeadDim{}, rows, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
     auto mDO = gmem(no_queries ? p.v : p.dout, HeadDimV{}, rows, p.nheads, p.do_row_stride, p.do_head_stride,
                     p.do_batch_stride);
     auto mK = gmem(p.k, HeadDim{}, p.seqlen_k, p.nheads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
@@ -308,12 +309,16 @@ struct BackwardKernel {
     auto tma_k = params.tma_k.get_slice(_0{});
     auto tma_v = params.tma_v.get_slice(_0{});
 
-    Tensor gK = local_tile(mK(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDim>{}, make_coord(work.n_block, _0{}));
-    Tensor gV = local_tile(mV(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDimV>{}, make_coord(work.n_block, _0{}));
+    Tensor gK =
+        local_tile(mK(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDim>{}, make_coord(work.n_block, _0{}));
+    Tensor gV =
+        local_tile(mV(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDimV>{}, make_coord(work.n_block, _0{}));
     using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
     shared.kv_full.arrive_and_expect_tx(kKVBytes);
-    copy(params.tma_k.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_k.partition_S(gK), tma_k.partition_D(sK));
-    copy(params.tma_v.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_v.partition_S(gV), tma_v.partition_D(sV));
+    copy(params.tma_k.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_k.partition_S(gK),
+         tma_k.partition_D(sK));
+    copy(params.tma_v.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_v.partition_S(gV),
+         tma_v.partition_D(sV));
 
     int const group = params.nheads / params.nheads_kv;
     int const m_count = blocks.end - blocks.begin;
@@ -362,8 +367,8 @@ struct BackwardKernel {
     TiledMmaDQ mma_dq;
     // Shared-memory descriptors from the warpgroup's slice (warp-uniform), as in the forward.
     int const warpgroup_thread = consumer * kThreadsPerWarpGroup;
-    Tensor tSrK = mma_s.get_slice(warpgroup_thread).partition_fragment_A(sK);      // (MMA, MMA_M, MMA_K)
-    Tensor tSrQ = mma_s.get_slice(warpgroup_thread).partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K, stage)
+    Tensor tSrK = mma_s.get_slice(warpgroup_thread).partition_fragment_A(sK);  // (MMA, MMA_M, MMA_K)
+    Tensor tSrQ = mma_s.get_slice(warpgroup_thread).partition_fragment_B(sQ);  // (MMA, MMA_N, MMA_K, stage)
     Tensor tDPrV = mma_dp.get_slice(warpgroup_thread).partition_fragment_A(sV);
     Tensor tDPrDO = mma_dp.get_slice(warpgroup_thread).partition_fragment_B(sDO);  // (..., stage)
     Tensor tDVrDOt = mma_dv.get_slice(warpgroup_thread).partition_fragment_B(sDOt);
@@ -456,7 +461,8 @@ struct BackwardKernel {
       float4* dq_chunks = reinterpret_cast<float4*>(shared.dq.data());
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kDqFragment / 4; ++c) {
-        dq_chunks[c * kConsumerThreads + thread_idx] = make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
+        dq_chunks[c * kConsumerThreads + thread_idx] =
+            make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
       }
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDqBarrier);
@@ -555,11 +561,29 @@ struct BackwardKernel {
   };
 
   static RowParams to_row_params(BackwardParams const& p) {
-    return {static_cast<Element const*>(p.o), static_cast<Element const*>(p.dout), p.lse, static_cast<Element*>(p.dq),
-            p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.do_batch_stride, p.do_row_stride,
-            p.do_head_stride, p.lse_batch_stride, p.lse_head_stride, p.lse_row_stride, p.dq_batch_stride,
-            p.dq_row_stride, p.dq_head_stride, p.seqlen_q, p.nheads, (p.seqlen_q + kBlockM - 1) / kBlockM,
-            p.softmax_scale, p.lse_log2, p.delta, p.dq_accum};
+    return {static_cast<Element const*>(p.o),
+            static_cast<Element const*>(p.dout),
+            p.lse,
+            static_cast<Element*>(p.dq),
+            p.o_batch_stride,
+            p.o_row_stride,
+            p.o_head_stride,
+            p.do_batch_stride,
+            p.do_row_stride,
+            p.do_head_stride,
+            p.lse_batch_stride,
+            p.lse_head_stride,
+            p.lse_row_stride,
+            p.dq_batch_stride,
+            p.dq_row_stride,
+            p.dq_head_stride,
+            p.seqlen_q,
+            p.nheads,
+            (p.seqlen_q + kBlockM - 1) / kBlockM,
+            p.softmax_scale,
+            p.lse_log2,
+            p.delta,
+            p.dq_accum};
   }
 
   // The query tile of a row-block CTA, query tiles fastest.
@@ -584,12 +608,13 @@ struct BackwardKernel {
       float sum = 0.f;
       float lse_log2 = cutlass::platform::numeric_limits<float>::infinity();
       if (row < params.seqlen_q) {
-        Element const* o = params.o + batch * params.o_batch_stride + row * params.o_row_stride + head * params.o_head_stride;
+        Element const* o =
+            params.o + batch * params.o_batch_stride + row * params.o_row_stride + head * params.o_head_stride;
         Element const* dout =
             params.dout + batch * params.do_batch_stride + row * params.do_row_stride + head * params.do_head_stride;
         for (int c = lane; c < kHeadDimV; c += 32) sum += float(o[c]) * float(dout[c]);
-        float const lse = params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride +
-                                     row * params.lse_row_stride];
+        float const lse =
+            params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride + row * params.lse_row_stride];
         if (lse != -cutlass::platform::numeric_limits<float>::infinity()) lse_log2 = lse * 1.4426950408889634f;
       }
       CUTLASS_PRAGMA_UNROLL

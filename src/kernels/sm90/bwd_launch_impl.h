@@ -22,22 +22,26 @@ Status launch_kernels(BackwardParams const& p, cudaStream_t stream) {
   typename Kernel::RowParams const row_params = Kernel::to_row_params(p);
   std::int64_t const row_blocks = std::int64_t{row_params.m_blocks} * p.nheads * p.batch;
   if (row_blocks > 0) {
-    backward_preprocess_kernel<Kernel><<<static_cast<unsigned>(row_blocks), Kernel::kConsumerThreads, 0, stream>>>(row_params);
+    backward_preprocess_kernel<Kernel>
+        <<<static_cast<unsigned>(row_blocks), Kernel::kConsumerThreads, 0, stream>>>(row_params);
     if (Status status = cuda_status("backward preprocess launch", cudaGetLastError()); !status.ok()) return status;
   }
   if (p.deterministic && row_blocks > 0) {
-    if (Status status = cuda_status("cudaMemsetAsync", cudaMemsetAsync(p.dq_semaphore, 0, row_blocks * sizeof(int), stream));
+    if (Status status =
+            cuda_status("cudaMemsetAsync", cudaMemsetAsync(p.dq_semaphore, 0, row_blocks * sizeof(int), stream));
         !status.ok()) {
       return status;
     }
   }
   // Without keys there are no key tiles (and no K for a TMA descriptor).
-  std::int64_t const key_blocks = (std::int64_t{p.seqlen_k} + Kernel::kBlockN - 1) / Kernel::kBlockN * p.nheads_kv * p.batch;
+  std::int64_t const key_blocks =
+      (std::int64_t{p.seqlen_k} + Kernel::kBlockN - 1) / Kernel::kBlockN * p.nheads_kv * p.batch;
   if (key_blocks > 0) {
     typename Kernel::Params const params = Kernel::to_params(p);
     auto const kernel = backward_kernel<Kernel>;
-    if (Status status = cuda_status("cudaFuncSetAttribute", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                                  Kernel::kSharedBytes));
+    if (Status status = cuda_status(
+            "cudaFuncSetAttribute",
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes));
         !status.ok()) {
       return status;
     }
@@ -45,7 +49,8 @@ Status launch_kernels(BackwardParams const& p, cudaStream_t stream) {
     if (Status status = cuda_status("backward kernel launch", cudaGetLastError()); !status.ok()) return status;
   }
   if (row_blocks > 0) {
-    backward_postprocess_kernel<Kernel><<<static_cast<unsigned>(row_blocks), Kernel::kConsumerThreads, 0, stream>>>(row_params);
+    backward_postprocess_kernel<Kernel>
+        <<<static_cast<unsigned>(row_blocks), Kernel::kConsumerThreads, 0, stream>>>(row_params);
     if (Status status = cuda_status("backward postprocess launch", cudaGetLastError()); !status.ok()) return status;
   }
   return Status::success();
