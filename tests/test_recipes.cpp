@@ -1,6 +1,7 @@
 // Host tests of the recipe table (fwd_recipes.h, generated from tools/forward_recipes.py): every
 // recipe fits the hardware limits its kernel relies on; the plan finds a recipe for every call;
 // validation, dispatch and the build agree with the table.
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -12,6 +13,7 @@
 #include "api/dispatch.h"
 #include "api/plan.h"
 #include "flashhop/flashhop.h"
+#include "kernels/sm90/bwd_recipes.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 #include "test_utils.h"
@@ -129,7 +131,7 @@ TEST(RecipeAgreement, ValidationAcceptsTheTablesHeadDims) {
   }
 }
 
-// Dispatch holds a kernel for exactly the table's recipes of the dtypes and head dims that CMake
+// Dispatch holds a kernel for exactly the tables' recipes of the dtypes and head dims that CMake
 // compiled (FLASHHOP_TEST_DTYPES, FLASHHOP_TEST_HEAD_DIMS: the build's selection, comma-separated).
 TEST(RecipeAgreement, DispatchHoldsTheBuildsSelection) {
   const auto split = [](const std::string& list) {
@@ -139,16 +141,21 @@ TEST(RecipeAgreement, DispatchHoldsTheBuildsSelection) {
     return items;
   };
   const std::set<std::string> dtypes = split(FLASHHOP_TEST_DTYPES), head_dims = split(FLASHHOP_TEST_HEAD_DIMS);
-  for (int i = 0; i < flashhop::sm90::kNumForwardRecipes; ++i) {
-    const ForwardRecipe& r = kForwardRecipes[i];
-    const std::string dims = r.head_dim == r.head_dim_v
-                                 ? std::to_string(r.head_dim)
-                                 : std::to_string(r.head_dim) + "x" + std::to_string(r.head_dim_v);
-    for (auto [dtype, name] : {std::pair{DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}}) {
-      const bool selected = dtypes.count(name) == 1 && head_dims.count(dims) == 1;
-      EXPECT_EQ(flashhop::detail::forward_kernel_compiled(dtype, i), selected) << name << " " << r.name;
+  // Each recipe of a table is compiled for exactly the selected dtypes where its head dims are selected.
+  const auto expect_selection = [&](const auto& recipes, bool (*compiled)(DType, int), const char* pass) {
+    for (int i = 0; i < static_cast<int>(std::size(recipes)); ++i) {
+      const auto& r = recipes[i];
+      const std::string dims = r.head_dim == r.head_dim_v
+                                   ? std::to_string(r.head_dim)
+                                   : std::to_string(r.head_dim) + "x" + std::to_string(r.head_dim_v);
+      for (auto [dtype, name] : {std::pair{DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}}) {
+        const bool selected = dtypes.count(name) == 1 && head_dims.count(dims) == 1;
+        EXPECT_EQ(compiled(dtype, i), selected) << pass << " " << name << " " << r.name;
+      }
     }
-  }
+  };
+  expect_selection(kForwardRecipes, flashhop::detail::forward_kernel_compiled, "forward");
+  expect_selection(flashhop::sm90::kBackwardRecipes, flashhop::detail::backward_kernel_compiled, "backward");
 }
 
 }  // namespace

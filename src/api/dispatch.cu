@@ -3,6 +3,7 @@
 // out of the build (FLASHHOP_DTYPES, FLASHHOP_HEAD_DIMS) answer kNotSupported.
 #include "api/dispatch.h"
 
+#include <cstddef>
 #include <string>
 
 #include <cutlass/numeric_types.h>
@@ -13,48 +14,51 @@
 namespace flashhop::detail {
 namespace {
 
-using Launcher = Status (*)(const sm90::ForwardParams&, cudaStream_t);
-
+// One compiled kernel file: its (dtype, recipe index) and its launcher of `Params`.
+template <class Params>
 struct CompiledKernel {
   DType dtype;
   int recipe;
-  Launcher launch;
+  Status (*launch)(const Params&, cudaStream_t);
 };
 
 #define FLASHHOP_FORWARD_KERNEL(Element, dtype, recipe) {dtype, recipe, &sm90::launch_forward<Element, recipe>},
-constexpr CompiledKernel kCompiledKernels[] = {
+constexpr CompiledKernel<sm90::ForwardParams> kForwardKernels[] = {
 #include "kernels/sm90/fwd_kernel_list.inc"
     {DType::kFloat32, -1, nullptr},  // keeps the table non-empty in a build without kernels
 };
 #undef FLASHHOP_FORWARD_KERNEL
 
-Launcher launcher_of(DType dtype, int recipe) {
-  for (const CompiledKernel& kernel : kCompiledKernels) {
-    if (kernel.dtype == dtype && kernel.recipe == recipe) return kernel.launch;
-  }
-  return nullptr;
-}
-
-using BackwardLauncher = Status (*)(const sm90::BackwardParams&, cudaStream_t);
-
-struct CompiledBackwardKernel {
-  DType dtype;
-  int recipe;
-  BackwardLauncher launch;
-};
-
 #define FLASHHOP_BACKWARD_KERNEL(Element, dtype, recipe) {dtype, recipe, &sm90::launch_backward<Element, recipe>},
-constexpr CompiledBackwardKernel kCompiledBackwardKernels[] = {
+constexpr CompiledKernel<sm90::BackwardParams> kBackwardKernels[] = {
 #include "kernels/sm90/bwd_kernel_list.inc"
     {DType::kFloat32, -1, nullptr},  // keeps the table non-empty in a build without kernels
 };
 #undef FLASHHOP_BACKWARD_KERNEL
 
-BackwardLauncher backward_launcher_of(DType dtype, int recipe) {
-  for (const CompiledBackwardKernel& kernel : kCompiledBackwardKernels) {
+// The launcher of (dtype, recipe) in `table`; null where the build did not compile it.
+template <class Params, std::size_t kSize>
+auto launcher_of(const CompiledKernel<Params> (&table)[kSize], DType dtype, int recipe) {
+  for (const CompiledKernel<Params>& kernel : table) {
     if (kernel.dtype == dtype && kernel.recipe == recipe) return kernel.launch;
   }
-  return nullptr;
+  return decltype(table[0].launch){nullptr};
+}
+
+// A plan's kernel runs on `stream`; kNotSupported, naming it, where the build left it out.
+template <class Params, std::size_t kSize, class Plan>
+Status launch_planned(const CompiledKernel<Params> (&table)[kSize], const char* pass, const Plan& plan,
+                      cudaStream_t stream) {
+  const auto launch = launcher_of(table, plan.dtype, plan.recipe);
+  if (launch == nullptr) {
+    const auto& recipe = plan.recipe_of();
+    return {StatusCode::kNotSupported, std::string(pass) + " kernel for dtype " + dtype_name(plan.dtype) +
+                                           " and head_dim " + std::to_string(recipe.head_dim) + ", head_dim_v " +
+                                           std::to_string(recipe.head_dim_v) + " (" + recipe.name +
+                                           ") is not compiled into this build (see FLASHHOP_DTYPES and "
+                                           "FLASHHOP_HEAD_DIMS)"};
+  }
+  return launch(plan.params, stream);
 }
 
 }  // namespace
@@ -68,38 +72,18 @@ Status check_compute_capability(int major, int minor) {
                                          " (Hopper: H100, H200, H20, GH200)"};
 }
 
-bool forward_kernel_compiled(DType dtype, int recipe) { return launcher_of(dtype, recipe) != nullptr; }
+bool forward_kernel_compiled(DType dtype, int recipe) { return launcher_of(kForwardKernels, dtype, recipe) != nullptr; }
 
 Status launch_forward(const ForwardPlan& plan, cudaStream_t stream) {
-  const Launcher launch = launcher_of(plan.dtype, plan.recipe);
-  if (launch == nullptr) {
-    const sm90::ForwardRecipe& recipe = plan.recipe_of();
-    return {StatusCode::kNotSupported, std::string("forward kernel for dtype ") + dtype_name(plan.dtype) +
-                                           " and head_dim " + std::to_string(recipe.head_dim) + ", head_dim_v " +
-                                           std::to_string(recipe.head_dim_v) + " (" + recipe.name +
-                                           ") is not compiled into this build (see FLASHHOP_DTYPES and "
-                                           "FLASHHOP_HEAD_DIMS)"};
-  }
-  return launch(plan.params, stream);
+  return launch_planned(kForwardKernels, "forward", plan, stream);
 }
 
-}  // namespace flashhop::detail
-
-namespace flashhop::detail {
-
-bool backward_kernel_compiled(DType dtype, int recipe) { return backward_launcher_of(dtype, recipe) != nullptr; }
+bool backward_kernel_compiled(DType dtype, int recipe) {
+  return launcher_of(kBackwardKernels, dtype, recipe) != nullptr;
+}
 
 Status launch_backward(const BackwardPlan& plan, cudaStream_t stream) {
-  const BackwardLauncher launch = backward_launcher_of(plan.dtype, plan.recipe);
-  if (launch == nullptr) {
-    const sm90::BackwardRecipe& recipe = plan.recipe_of();
-    return {StatusCode::kNotSupported, std::string("backward kernel for dtype ") + dtype_name(plan.dtype) +
-                                           " and head_dim " + std::to_string(recipe.head_dim) + ", head_dim_v " +
-                                           std::to_string(recipe.head_dim_v) + " (" + recipe.name +
-                                           ") is not compiled into this build (see FLASHHOP_DTYPES and "
-                                           "FLASHHOP_HEAD_DIMS)"};
-  }
-  return launch(plan.params, stream);
+  return launch_planned(kBackwardKernels, "backward", plan, stream);
 }
 
 }  // namespace flashhop::detail

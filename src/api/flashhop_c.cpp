@@ -72,58 +72,51 @@ flashhop::Status check_flag(const char* name, int value) {
           std::string(name) + " = " + std::to_string(value) + ": expected 0 or 1"};
 }
 
-flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardArgs* out) {
-  if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected forward arguments"};
-  for (const auto& [name, value] : {std::pair{"causal", args->causal},
-                                    std::pair{"use_softmax_scale", args->use_softmax_scale},
-                                    std::pair{"use_window", args->use_window}}) {
+// The options both argument structs share (same field names in C and C++), after their flags
+// (0 or 1) are checked.
+template <typename CArgs, typename CppArgs>
+flashhop::Status copy_options(const CArgs& args, CppArgs* out) {
+  for (const auto& [name, value] : {std::pair{"causal", args.causal},
+                                    std::pair{"use_softmax_scale", args.use_softmax_scale},
+                                    std::pair{"use_window", args.use_window}}) {
     if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
   }
+  out->q = to_cpp(args.q);
+  out->k = to_cpp(args.k);
+  out->v = to_cpp(args.v);
+  out->o = to_cpp(args.o);
+  if (args.use_softmax_scale == 1) out->softmax_scale = args.softmax_scale;
+  out->causal = args.causal == 1;
+  if (args.use_window == 1) {
+    out->window_left = args.window_left;
+    out->window_right = args.window_right;
+  }
+  out->softcap = args.softcap;
+  return flashhop::Status::success();
+}
+
+flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardArgs* out) {
+  if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected forward arguments"};
+  if (flashhop::Status status = copy_options(*args, out); !status.ok()) return status;
   if (args->pack_gqa != FLASHHOP_PACK_GQA_AUTO && args->pack_gqa != FLASHHOP_PACK_GQA_OFF &&
       args->pack_gqa != FLASHHOP_PACK_GQA_ON) {
     return {flashhop::StatusCode::kInvalidArgument, "pack_gqa = " + std::to_string(static_cast<int>(args->pack_gqa)) +
                                                         ": expected FLASHHOP_PACK_GQA_AUTO (0), _OFF (1) or _ON (2)"};
   }
-  out->q = to_cpp(args->q);
-  out->k = to_cpp(args->k);
-  out->v = to_cpp(args->v);
-  out->o = to_cpp(args->o);
   if (args->lse != nullptr) out->lse = to_cpp(*args->lse);
-  if (args->use_softmax_scale == 1) out->softmax_scale = args->softmax_scale;
-  out->causal = args->causal == 1;
-  if (args->use_window == 1) {
-    out->window_left = args->window_left;
-    out->window_right = args->window_right;
-  }
-  out->softcap = args->softcap;
   out->pack_gqa = static_cast<flashhop::PackGqa>(args->pack_gqa);
   return flashhop::Status::success();
 }
 
 flashhop::Status to_cpp(const flashhop_backward_args_t* args, flashhop::BackwardArgs* out) {
   if (args == nullptr) return {flashhop::StatusCode::kInvalidArgument, "args = null: expected backward arguments"};
-  for (const auto& [name, value] : {std::pair{"causal", args->causal},
-                                    std::pair{"use_softmax_scale", args->use_softmax_scale},
-                                    std::pair{"use_window", args->use_window},
-                                    std::pair{"deterministic", args->deterministic}}) {
-    if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
-  }
-  out->q = to_cpp(args->q);
-  out->k = to_cpp(args->k);
-  out->v = to_cpp(args->v);
-  out->o = to_cpp(args->o);
+  if (flashhop::Status status = copy_options(*args, out); !status.ok()) return status;
+  if (flashhop::Status status = check_flag("deterministic", args->deterministic); !status.ok()) return status;
   out->dout = to_cpp(args->dout);
   out->lse = to_cpp(args->lse);
   out->dq = to_cpp(args->dq);
   out->dk = to_cpp(args->dk);
   out->dv = to_cpp(args->dv);
-  if (args->use_softmax_scale == 1) out->softmax_scale = args->softmax_scale;
-  out->causal = args->causal == 1;
-  if (args->use_window == 1) {
-    out->window_left = args->window_left;
-    out->window_right = args->window_right;
-  }
-  out->softcap = args->softcap;
   out->deterministic = args->deterministic == 1;
   return flashhop::Status::success();
 }
