@@ -85,25 +85,26 @@ struct Tensor {
   }
 };
 
-// flashhop::X with the workspace X_size asks for, poisoned; waits for the stream before freeing it.
-template <typename Args, typename Size, typename Run>
-Status with_workspace(const Args& args, Size size, Run run, cudaStream_t stream) {
-  std::size_t bytes = 0;
-  if (const Status status = size(args, &bytes); !status.ok()) return status;
-  DeviceBuffer workspace(bytes);
-  workspace.upload(std::vector<unsigned char>(bytes, 0xff));
-  const Status status = run(args, workspace.data(), bytes, stream);
-  cuda_check(cudaStreamSynchronize(stream), "synchronize");
-  return status;
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+};
+
+// Standard normal inputs of `p`'s shapes, rounded to `dtype`.
+Inputs random_inputs(const Problem& p, DType dtype, std::mt19937& rng) {
+  Inputs in;
+  in.q = random_normal(p.q_elements(), dtype, rng);
+  in.k = random_normal(p.k_elements(), dtype, rng);
+  in.v = random_normal(p.v_elements(), dtype, rng);
+  in.dout = random_normal(p.o_elements(), dtype, rng);
+  return in;
 }
 
 struct Gradients {
   std::vector<float> dq, dk, dv;
 };
 
-// Forward then backward on the GPU for inputs q, k, v and dout; the gradients.
-std::optional<Gradients> run_backward(const BackwardCase& c, const std::vector<float>& q, const std::vector<float>& k,
-                                      const std::vector<float>& v, const std::vector<float>& dout, Status* failure) {
+// Forward then backward on the GPU; the gradients.
+std::optional<Gradients> run_backward(const BackwardCase& c, const Inputs& in, Status* failure) {
   const Problem& p = c.problem;
   Tensor tq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
   Tensor tk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
@@ -114,10 +115,10 @@ std::optional<Gradients> run_backward(const BackwardCase& c, const std::vector<f
   Tensor tdq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
   Tensor tdk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
   Tensor tdv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
-  tq.upload(q);
-  tk.upload(k);
-  tv.upload(v);
-  tdo.upload(dout);
+  tq.upload(in.q);
+  tk.upload(in.k);
+  tv.upload(in.v);
+  tdo.upload(in.dout);
   for (Tensor* t : {&to, &tlse, &tdq, &tdk, &tdv}) t->poison();
 
   const Masking& m = c.options.masking;
@@ -131,20 +132,7 @@ std::optional<Gradients> run_backward(const BackwardCase& c, const std::vector<f
   forward.window_left = m.window_left;
   forward.window_right = m.window_right;
   forward.softcap = m.softcap;
-  flashhop::BackwardArgs backward;
-  backward.q = tq.desc;
-  backward.k = tk.desc;
-  backward.v = tv.desc;
-  backward.o = to.desc;
-  backward.dout = tdo.desc;
-  backward.lse = tlse.desc;
-  backward.dq = tdq.desc;
-  backward.dk = tdk.desc;
-  backward.dv = tdv.desc;
-  backward.causal = m.causal;
-  backward.window_left = m.window_left;
-  backward.window_right = m.window_right;
-  backward.softcap = m.softcap;
+  flashhop::BackwardArgs backward = backward_args_of(forward, tdo.desc, tdq.desc, tdk.desc, tdv.desc);
   backward.deterministic = c.deterministic;
 
   cudaStream_t stream = nullptr;
@@ -183,13 +171,10 @@ TEST_P(BackwardGpu, MatchesReference) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "random seed " << seed);
   std::mt19937 rng(seed);
-  const std::vector<float> q = random_normal(p.q_elements(), c.dtype, rng);
-  const std::vector<float> k = random_normal(p.k_elements(), c.dtype, rng);
-  const std::vector<float> v = random_normal(p.v_elements(), c.dtype, rng);
-  const std::vector<float> dout = random_normal(p.o_elements(), c.dtype, rng);
+  const Inputs in = random_inputs(p, c.dtype, rng);
 
   Status failure;
-  const std::optional<Gradients> got = run_backward(c, q, k, v, dout, &failure);
+  const std::optional<Gradients> got = run_backward(c, in, &failure);
   if (failure.code == StatusCode::kNotSupported) GTEST_SKIP() << failure.message;
   ASSERT_TRUE(got.has_value()) << failure.message;
 
@@ -200,11 +185,11 @@ TEST_P(BackwardGpu, MatchesReference) {
   options.window_left = c.options.masking.window_left;
   options.window_right = c.options.masking.window_right;
   std::vector<double> dq_ref, dk_ref, dv_ref;
-  flashhop::reference::attention_backward(p.shape(), q.data(), k.data(), v.data(), dout.data(), options, &dq_ref,
-                                          &dk_ref, &dv_ref);
+  flashhop::reference::attention_backward(p.shape(), in.q.data(), in.k.data(), in.v.data(), in.dout.data(), options,
+                                          &dq_ref, &dk_ref, &dv_ref);
   std::vector<float> dq_low, dk_low, dv_low;
-  flashhop::reference::attention_backward_low_precision(p.shape(), q.data(), k.data(), v.data(), dout.data(), options,
-                                                        c.dtype, &dq_low, &dk_low, &dv_low);
+  flashhop::reference::attention_backward_low_precision(p.shape(), in.q.data(), in.k.data(), in.v.data(),
+                                                        in.dout.data(), options, c.dtype, &dq_low, &dk_low, &dv_low);
 
   const double unit = c.dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
   const struct {
@@ -226,20 +211,16 @@ TEST_P(BackwardGpu, MatchesReference) {
 }
 
 TEST_P(BackwardGpu, DeterministicCallsAreBitwiseIdentical) {
-  BackwardCase c = GetParam();
+  const BackwardCase& c = GetParam();
   if (!c.deterministic) GTEST_SKIP() << "only for deterministic cases";
-  const Problem& p = c.problem;
   std::mt19937 rng(7);
-  const std::vector<float> q = random_normal(p.q_elements(), c.dtype, rng);
-  const std::vector<float> k = random_normal(p.k_elements(), c.dtype, rng);
-  const std::vector<float> v = random_normal(p.v_elements(), c.dtype, rng);
-  const std::vector<float> dout = random_normal(p.o_elements(), c.dtype, rng);
+  const Inputs in = random_inputs(c.problem, c.dtype, rng);
   Status failure;
-  const std::optional<Gradients> first = run_backward(c, q, k, v, dout, &failure);
+  const std::optional<Gradients> first = run_backward(c, in, &failure);
   if (failure.code == StatusCode::kNotSupported) GTEST_SKIP() << failure.message;
   ASSERT_TRUE(first.has_value()) << failure.message;
   for (int repeat = 0; repeat < 5; ++repeat) {
-    const std::optional<Gradients> again = run_backward(c, q, k, v, dout, &failure);
+    const std::optional<Gradients> again = run_backward(c, in, &failure);
     ASSERT_TRUE(again.has_value()) << failure.message;
     EXPECT_TRUE(again->dq == first->dq && again->dk == first->dk && again->dv == first->dv) << "repeat " << repeat;
   }

@@ -101,17 +101,9 @@ std::vector<void*> upload(const std::vector<std::vector<unsigned char>>& host, s
   return bases;
 }
 
-// flashhop::forward with the workspace forward_workspace_size asks for, poisoned so that a kernel
-// relying on its contents rather than on forward's own initialisation fails; waits for `stream`
-// before freeing it.
+// flashhop::forward with the workspace it asks for, poisoned (with_workspace).
 flashhop::Status forward_with_workspace(const flashhop::ForwardArgs& args, cudaStream_t stream) {
-  std::size_t bytes = 0;
-  if (const flashhop::Status status = flashhop::forward_workspace_size(args, &bytes); !status.ok()) return status;
-  DeviceBuffer workspace(bytes);
-  workspace.upload(std::vector<unsigned char>(bytes, 0xff));
-  const flashhop::Status status = flashhop::forward(args, workspace.data(), bytes, stream);
-  cuda_check(cudaStreamSynchronize(stream), "forward on the stream");
-  return status;
+  return with_workspace(args, flashhop::forward_workspace_size, flashhop::forward, stream);
 }
 
 // Runs flashhop::forward on fresh random inputs laid out as `call.plan` says, and checks O (and LSE)

@@ -71,16 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(RangeNameBackward, NamesThePlannedConfiguration) {
   const ForwardPlan buffers = contiguous_plan({2, 300, 500, 8, 2, 128}, DType::kBFloat16);
   const flashhop::ForwardArgs forward = bind_args(buffers, fake_bases(buffers), /*with_lse=*/true);
-  flashhop::BackwardArgs args;
-  args.q = forward.q;
-  args.k = forward.k;
-  args.v = forward.v;
-  args.o = forward.o;
-  args.dout = forward.o;
-  args.lse = *forward.lse;
-  args.dq = forward.q;
-  args.dk = forward.k;
-  args.dv = forward.v;
+  flashhop::BackwardArgs args = backward_args_of(forward, forward.o, forward.q, forward.k, forward.v);
   args.causal = true;
   args.softcap = 5.f;
   args.deterministic = true;

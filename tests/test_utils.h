@@ -136,6 +136,28 @@ inline flashhop::ForwardArgs bind_args(const ForwardPlan& plan, const std::vecto
   return args;
 }
 
+// The backward of forward call `f` (which has an lse): its q, k, v, o, lse and options, and the
+// given dout and gradients.
+inline flashhop::BackwardArgs backward_args_of(const flashhop::ForwardArgs& f, const TensorDesc& dout,
+                                               const TensorDesc& dq, const TensorDesc& dk, const TensorDesc& dv) {
+  flashhop::BackwardArgs b;
+  b.q = f.q;
+  b.k = f.k;
+  b.v = f.v;
+  b.o = f.o;
+  b.lse = *f.lse;
+  b.dout = dout;
+  b.dq = dq;
+  b.dk = dk;
+  b.dv = dv;
+  b.softmax_scale = f.softmax_scale;
+  b.causal = f.causal;
+  b.window_left = f.window_left;
+  b.window_right = f.window_right;
+  b.softcap = f.softcap;
+  return b;
+}
+
 // One 16-byte aligned address per buffer of `plan`, 4 GiB apart, for tests that only validate: the
 // addresses are never dereferenced.
 inline std::vector<void*> fake_bases(const ForwardPlan& plan) {
@@ -309,5 +331,19 @@ class DeviceBuffer {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+// call(args, workspace, bytes, stream) with the workspace size(args, &bytes) asks for, poisoned so
+// that a kernel relying on its contents rather than on the call's own initialisation fails; waits
+// for `stream` before freeing it. (size, call): forward_workspace_size and forward, or the backward's.
+template <typename Args, typename Size, typename Call>
+flashhop::Status with_workspace(const Args& args, Size size, Call call, cudaStream_t stream) {
+  std::size_t bytes = 0;
+  if (const flashhop::Status status = size(args, &bytes); !status.ok()) return status;
+  DeviceBuffer workspace(bytes);
+  workspace.upload(std::vector<unsigned char>(bytes, 0xff));
+  const flashhop::Status status = call(args, workspace.data(), bytes, stream);
+  cuda_check(cudaStreamSynchronize(stream), "synchronize after the call");
+  return status;
+}
 
 }  // namespace flashhop_test

@@ -723,19 +723,18 @@ TEST(DType, SizesAndNames) {
 // The backward arguments of kProblem's forward call: q, k, v, o and lse as valid_args() places
 // them, dout, dq, dk and dv in buffers of their own.
 flashhop::BackwardArgs valid_backward_args(const Problem& problem = kProblem) {
-  const ForwardArgs forward = valid_args(DType::kBFloat16, problem);
-  flashhop::BackwardArgs args;
-  args.q = forward.q;
-  args.k = forward.k;
-  args.v = forward.v;
-  args.o = forward.o;
-  args.lse = *forward.lse;
-  const auto at = [](std::uintptr_t gib) { return reinterpret_cast<void*>(std::uintptr_t{0x7f1000000000} + (gib << 32)); };
-  args.dout = flashhop::make_contiguous(at(0), DType::kBFloat16, {problem.batch, problem.seqlen_q, problem.nheads, problem.dv()});
-  args.dq = flashhop::make_contiguous(at(1), DType::kBFloat16, {problem.batch, problem.seqlen_q, problem.nheads, problem.head_dim});
-  args.dk = flashhop::make_contiguous(at(2), DType::kBFloat16, {problem.batch, problem.seqlen_k, problem.nheads_kv, problem.head_dim});
-  args.dv = flashhop::make_contiguous(at(3), DType::kBFloat16, {problem.batch, problem.seqlen_k, problem.nheads_kv, problem.dv()});
-  return args;
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f1000000000} + (gib << 32));
+  };
+  const auto tensor = [](void* data, std::initializer_list<std::int64_t> shape) {
+    return flashhop::make_contiguous(data, DType::kBFloat16, shape);
+  };
+  const Problem& p = problem;
+  return backward_args_of(valid_args(DType::kBFloat16, problem),
+                          tensor(at(0), {p.batch, p.seqlen_q, p.nheads, p.dv()}),
+                          tensor(at(1), {p.batch, p.seqlen_q, p.nheads, p.head_dim}),
+                          tensor(at(2), {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim}),
+                          tensor(at(3), {p.batch, p.seqlen_k, p.nheads_kv, p.dv()}));
 }
 
 struct InvalidBackwardCase {

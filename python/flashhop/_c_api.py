@@ -140,25 +140,33 @@ def _window_width(name, width):
     return min(width, _INT32_MAX)
 
 
+def _options(softmax_scale, causal, window_left, window_right, softcap):
+    """The option fields both argument structs share; the window is always given, (-1, -1) being none."""
+    return dict(use_softmax_scale=int(softmax_scale is not None),
+                softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal), use_window=1,
+                window_left=_window_width("window_left", window_left),
+                window_right=_window_width("window_right", window_right), softcap=softcap)
+
+
+def _run(workspace_size, run, args, device):
+    """Asks the library for the call's workspace, takes it from PyTorch's caching allocator on the
+    current stream of `device` and runs the call there: once freed, the block goes only to later
+    allocations on that stream, whose work runs after this call."""
+    workspace_bytes = ctypes.c_size_t()
+    _check(workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
+    workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    _check(run(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value, stream))
+
+
 def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa):
     """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
-    be the current device. The window is always given, (-1, -1) being none."""
+    be the current device."""
     lse_desc = _describe("lse", lse)
     args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
-                        lse=ctypes.pointer(lse_desc),
-                        use_softmax_scale=int(softmax_scale is not None),
-                        softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal),
-                        use_window=1, window_left=_window_width("window_left", window_left),
-                        window_right=_window_width("window_right", window_right), softcap=softcap,
-                        pack_gqa=_PACK_GQA[pack_gqa])
-    workspace_bytes = ctypes.c_size_t()
-    _check(_library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
-    # From PyTorch's caching allocator on the kernel's stream: once freed, the block goes only to
-    # later allocations on that stream, whose work runs after this kernel.
-    workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=q.device)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _check(_library.flashhop_forward(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value,
-                                     stream))
+                        lse=ctypes.pointer(lse_desc), pack_gqa=_PACK_GQA[pack_gqa],
+                        **_options(softmax_scale, causal, window_left, window_right, softcap))
+    _run(_library.flashhop_forward_workspace_size, _library.flashhop_forward, args, q.device)
 
 
 def backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left, window_right,
@@ -167,15 +175,6 @@ def backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale,
     which must be the current device; the options are the forward call's."""
     args = _BackwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
                          dout=_describe("dout", grad_out), lse=_describe("lse", lse), dq=_describe("dq", grad_q),
-                         dk=_describe("dk", grad_k), dv=_describe("dv", grad_v),
-                         use_softmax_scale=int(softmax_scale is not None),
-                         softmax_scale=0.0 if softmax_scale is None else softmax_scale, causal=int(causal),
-                         use_window=1, window_left=_window_width("window_left", window_left),
-                         window_right=_window_width("window_right", window_right), softcap=softcap,
-                         deterministic=int(deterministic))
-    workspace_bytes = ctypes.c_size_t()
-    _check(_library.flashhop_backward_workspace_size(ctypes.byref(args), ctypes.byref(workspace_bytes)))
-    workspace = torch.empty(workspace_bytes.value, dtype=torch.uint8, device=q.device)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _check(_library.flashhop_backward(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value,
-                                      stream))
+                         dk=_describe("dk", grad_k), dv=_describe("dv", grad_v), deterministic=int(deterministic),
+                         **_options(softmax_scale, causal, window_left, window_right, softcap))
+    _run(_library.flashhop_backward_workspace_size, _library.flashhop_backward, args, q.device)
