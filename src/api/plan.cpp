@@ -33,11 +33,14 @@ int middle_row_keys(int seqlen_q, int seqlen_k, int window_left, int window_righ
 
 // The stride of a dimension of size 1 is never followed; it becomes the extent of the tensor's
 // other dimensions, so that any given stride (0, negative, past TMA's 2^40 bytes) is accepted.
-void normalise_unit_strides(const TensorDesc& t, std::int64_t* strides[3]) {
+// The strides of the first three dimensions go into stride0 .. stride2.
+void normalise_unit_strides(const TensorDesc& t, std::int64_t& stride0, std::int64_t& stride1,
+                            std::int64_t& stride2) {
   std::int64_t span = 1;
   for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] > 1) span = std::max(span, t.stride[d] * t.shape[d]);
   }
+  std::int64_t* strides[] = {&stride0, &stride1, &stride2};
   for (int d = 0; d < 3; ++d) *strides[d] = t.shape[d] == 1 ? span : t.stride[d];
 }
 
@@ -131,18 +134,14 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
   const int head_dim = static_cast<int>(args.q.shape[3]);
   const int head_dim_v = static_cast<int>(args.v.shape[3]);
 
-  std::int64_t* q_strides[] = {&params.q_batch_stride, &params.q_row_stride, &params.q_head_stride};
-  std::int64_t* k_strides[] = {&params.k_batch_stride, &params.k_row_stride, &params.k_head_stride};
-  std::int64_t* v_strides[] = {&params.v_batch_stride, &params.v_row_stride, &params.v_head_stride};
-  std::int64_t* o_strides[] = {&params.o_batch_stride, &params.o_row_stride, &params.o_head_stride};
-  normalise_unit_strides(args.q, q_strides);
-  normalise_unit_strides(args.k, k_strides);
-  normalise_unit_strides(args.v, v_strides);
-  normalise_unit_strides(args.o, o_strides);
+  normalise_unit_strides(args.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
+  normalise_unit_strides(args.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
+  normalise_unit_strides(args.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
+  normalise_unit_strides(args.o, params.o_batch_stride, params.o_row_stride, params.o_head_stride);
   if (args.lse) {
     params.lse = static_cast<float*>(args.lse->data);
-    std::int64_t* lse_strides[] = {&params.lse_batch_stride, &params.lse_head_stride, &params.lse_row_stride};
-    normalise_unit_strides(*args.lse, lse_strides);
+    normalise_unit_strides(*args.lse, params.lse_batch_stride, params.lse_head_stride,
+                           params.lse_row_stride);
   }
 
   params.softmax_scale =
@@ -192,24 +191,15 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
   params.head_dim = static_cast<int>(args.q.shape[3]);
   params.head_dim_v = static_cast<int>(args.v.shape[3]);
 
-  const struct {
-    const TensorDesc& desc;
-    std::int64_t* strides[3];
-  } tensors[] = {
-      {args.q, {&params.q_batch_stride, &params.q_row_stride, &params.q_head_stride}},
-      {args.k, {&params.k_batch_stride, &params.k_row_stride, &params.k_head_stride}},
-      {args.v, {&params.v_batch_stride, &params.v_row_stride, &params.v_head_stride}},
-      {args.o, {&params.o_batch_stride, &params.o_row_stride, &params.o_head_stride}},
-      {args.dout, {&params.do_batch_stride, &params.do_row_stride, &params.do_head_stride}},
-      {args.dq, {&params.dq_batch_stride, &params.dq_row_stride, &params.dq_head_stride}},
-      {args.dk, {&params.dk_batch_stride, &params.dk_row_stride, &params.dk_head_stride}},
-      {args.dv, {&params.dv_batch_stride, &params.dv_row_stride, &params.dv_head_stride}},
-      {args.lse, {&params.lse_batch_stride, &params.lse_head_stride, &params.lse_row_stride}},
-  };
-  for (const auto& t : tensors) {
-    std::int64_t* strides[] = {t.strides[0], t.strides[1], t.strides[2]};
-    normalise_unit_strides(t.desc, strides);
-  }
+  normalise_unit_strides(args.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
+  normalise_unit_strides(args.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
+  normalise_unit_strides(args.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
+  normalise_unit_strides(args.o, params.o_batch_stride, params.o_row_stride, params.o_head_stride);
+  normalise_unit_strides(args.dout, params.do_batch_stride, params.do_row_stride, params.do_head_stride);
+  normalise_unit_strides(args.dq, params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride);
+  normalise_unit_strides(args.dk, params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride);
+  normalise_unit_strides(args.dv, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride);
+  normalise_unit_strides(args.lse, params.lse_batch_stride, params.lse_head_stride, params.lse_row_stride);
 
   params.softmax_scale =
       args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
