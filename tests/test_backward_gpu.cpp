@@ -153,12 +153,21 @@ double max_abs(const std::vector<double>& values) {
   return m;
 }
 
-// Largest |got - expected| and where.
-std::pair<double, std::size_t> max_error(const std::vector<float>& got, const std::vector<double>& expected) {
-  std::pair<double, std::size_t> error{0.0, 0};
+// Largest |got - expected| and where (the first NaN counts as the largest), and how many are NaN.
+struct Error {
+  double max = 0;
+  std::size_t at = 0;
+  std::size_t nan = 0;
+};
+Error max_error(const std::vector<float>& got, const std::vector<double>& expected) {
+  Error error;
   for (std::size_t i = 0; i < expected.size(); ++i) {
     const double difference = std::abs(double{got[i]} - expected[i]);
-    if (!(difference <= error.first)) error = {difference, i};  // NaN counts as the largest
+    if (std::isnan(difference)) {
+      if (error.nan++ == 0) error.max = difference, error.at = i;
+    } else if (error.nan == 0 && difference > error.max) {
+      error.max = difference, error.at = i;
+    }
   }
   return error;
 }
@@ -197,16 +206,23 @@ TEST_P(BackwardGpu, MatchesReference) {
     const std::vector<float>& got;
     const std::vector<float>& low;
     const std::vector<double>& ref;
-  } gradients[] = {{"dq", got->dq, dq_low, dq_ref}, {"dk", got->dk, dk_low, dk_ref}, {"dv", got->dv, dv_low, dv_ref}};
+    int rows, heads, cols;  // of each batch entry, (rows, heads, cols) row-major
+  } gradients[] = {{"dq", got->dq, dq_low, dq_ref, p.seqlen_q, p.nheads, p.head_dim},
+                   {"dk", got->dk, dk_low, dk_ref, p.seqlen_k, p.nheads_kv, p.head_dim},
+                   {"dv", got->dv, dv_low, dv_ref, p.seqlen_k, p.nheads_kv, p.dv()}};
   for (const auto& g : gradients) {
-    const auto [error, at] = max_error(g.got, g.ref);
-    const double baseline = max_error(g.low, g.ref).first;
+    const Error error = max_error(g.got, g.ref);
+    const double baseline = max_error(g.low, g.ref).max;
     // FlashAttention's rule, plus the final rounding at the largest gradient's size; soft-capping's
     // tanh.approx moves each score by up to softcap * 2^-11.
     const double tolerance = 2 * baseline + unit * std::max(1.0, max_abs(g.ref)) +
                              flashhop::reference::softcap_score_error(c.options.masking.softcap) * max_abs(g.ref);
-    EXPECT_LE(error, tolerance) << g.name << ": max error at element " << at << ": got " << g.got[at] << ", reference "
-                                << g.ref[at] << "; low-precision baseline error " << baseline;
+    const std::size_t at = error.at, col = at % g.cols, head = at / g.cols % g.heads,
+                      row = at / g.cols / g.heads % g.rows, batch = at / g.cols / g.heads / g.rows;
+    EXPECT_LE(error.max, tolerance) << g.name << ": max error at (batch " << batch << ", row " << row << ", head "
+                                    << head << ", col " << col << "): got " << g.got[at] << ", reference "
+                                    << g.ref[at] << "; " << error.nan << " NaN of " << g.got.size()
+                                    << "; low-precision baseline error " << baseline;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/sm90/split_round.h"
 
@@ -60,6 +61,14 @@ std::size_t workspace_bytes(const sm90::ForwardRecipe& recipe, const sm90::Forwa
       sm90::SplitRound::plan(static_cast<int>(num_tiles), (p.seqlen_k + recipe.block_n - 1) / recipe.block_n,
                              p.num_sms * sm90::ctas_per_sm(consumers), recipe.split);
   return sm90::SplitWorkspace::bytes(plan, consumers, recipe.head_dim_v);
+}
+
+// The scale the kernels multiply scores by: the caller's, else 1 / sqrt(head_dim). A scale of 0
+// runs as FLT_MIN, which takes every finite score to an exponent that rounds to 0 as 0 does, while
+// masked scores stay -inf (0 * -inf would be NaN).
+float kernel_softmax_scale(std::optional<float> scale, int head_dim) {
+  const float value = scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
+  return value == 0.f ? std::numeric_limits<float>::min() : value;
 }
 
 // The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
@@ -144,8 +153,7 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
                            params.lse_row_stride);
   }
 
-  params.softmax_scale =
-      args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
+  params.softmax_scale = kernel_softmax_scale(args.softmax_scale, head_dim);
   params.softcap = args.softcap;
 
   set_band(args.causal, args.window_left, args.window_right, params.seqlen_q, params.seqlen_k, &params.window_left,
@@ -201,8 +209,7 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
   normalise_unit_strides(args.dv, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride);
   normalise_unit_strides(args.lse, params.lse_batch_stride, params.lse_head_stride, params.lse_row_stride);
 
-  params.softmax_scale =
-      args.softmax_scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
+  params.softmax_scale = kernel_softmax_scale(args.softmax_scale, params.head_dim);
   params.softcap = args.softcap;
   set_band(args.causal, args.window_left, args.window_right, params.seqlen_q, params.seqlen_k, &params.window_left,
            &params.window_right);
