@@ -319,7 +319,11 @@ class DeviceBuffer {
 
   void upload(const std::vector<unsigned char>& host) {
     if (host.size() != bytes_) throw std::invalid_argument("DeviceBuffer::upload: size mismatch");
-    if (bytes_ > 0) cuda_check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (bytes_ == 0) return;
+    cuda_check(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    // From pageable memory cudaMemcpy may return before the copy lands; the tests' kernels run on
+    // non-blocking streams, which do not wait for it.
+    cuda_check(cudaDeviceSynchronize(), "synchronize after cudaMemcpy H2D");
   }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> host(bytes_);
