@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Times the backward pass of flashhop (torch.ops.flashhop.bwd) beside PyTorch SDPA's cuDNN and
-FlashAttention-2 backends, in one run, on the grid of the peers sweep, and prints one table.
+"""Times the backward pass of flashhop (torch.ops.flashhop.bwd) beside FlashAttention-3's backward
+(where its package, flash_attn_interface, imports) and PyTorch SDPA's cuDNN and FlashAttention-2
+backends, in one run, on the grid of the peers sweep, and prints one table.
 
 Grid (PEERS.md), bf16, layout (batch, seqlen, nheads, d): d in {64, 128, 256} (those with backward
 kernels), nheads = 2048 / d, seqlen in {512, ..., 16384} with batch = 16384 / seqlen, causal no / yes.
@@ -10,7 +11,8 @@ and LSE; SDPA's keeps its autograd graph); then warm-up calls (by count and at l
 wall clock) and --iters timed calls of the backward alone, one CUDA event pair each, the median
 reported. flashhop's call is torch.ops.flashhop.bwd on the saved tensors; SDPA's is
 torch.autograd.grad of its output with retain_graph, which runs the backend's backward kernels
-(and the small reductions autograd adds). TFLOP/s: 2.5 x the forward's 4 * b * h * sq * sk * d,
+(and the small reductions autograd adds); FlashAttention-3's is its _flash_attn_backward on its own
+forward's out and LSE, into preallocated gradients. TFLOP/s: 2.5 x the forward's 4 * b * h * sq * sk * d,
 halved for causal (FlashAttention's convention). Each peer's dq is compared with flashhop's (the
 largest absolute difference is printed), so that a column computing something else shows.
 Runs on the GPU machine: python3 with torch and the flashhop package importable.
@@ -27,6 +29,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashhop
 
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+try:
+    import flash_attn_interface as fa3
+except ImportError:
+    fa3 = None
 
 
 def cells(head_dims, seqlens):
@@ -76,6 +82,9 @@ def time_cell(c, backends, warmup, iters, warmup_ms):
         result["flashhop"] = {"error": str(error).splitlines()[0]}
         ours = None
     for backend in backends:
+        if backend == "fa3":
+            result[backend] = fa3_entry(c, q, k, v, dout, ours, warmup, iters, warmup_ms)
+            continue
         inputs = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
         grad = dout.transpose(1, 2)
         try:
@@ -97,6 +106,24 @@ def time_cell(c, backends, warmup, iters, warmup_ms):
     return result
 
 
+def fa3_entry(c, q, k, v, dout, ours, warmup, iters, warmup_ms):
+    if fa3 is None:
+        return {"error": "flash_attn_interface (FlashAttention-3) does not import"}
+    out, lse = fa3.flash_attn_func(q, k, v, causal=c["causal"], return_attn_probs=True)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+
+    def fa3_backward():
+        fa3._flash_attn_backward(dout, q, k, v, out, lse, None, None, None, None, None, None, *grads,
+                                 None, c["causal"], -1, -1)
+
+    fa3_backward()
+    entry = {"ms": median_ms(fa3_backward, warmup, iters, warmup_ms)}
+    entry["tflops"] = backward_flops(c) / entry["ms"] / 1e9
+    if ours is not None:
+        entry["max_dq_difference"] = (grads[0].float() - ours[0].float()).abs().max().item()
+    return entry
+
+
 def cell_text(entry):
     return f"{entry['tflops']:.0f}" if "tflops" in entry else "n/a"
 
@@ -105,7 +132,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
-    parser.add_argument("--backends", default="cudnn,fa2")
+    parser.add_argument("--backends", default="fa3,cudnn,fa2")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--warmup-ms", type=float, default=0.0)
     parser.add_argument("--iters", type=int, default=50)
