@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 
 #include "kernels/sm90/split_round.h"
 
@@ -64,11 +63,11 @@ std::size_t workspace_bytes(const sm90::ForwardRecipe& recipe, const sm90::Forwa
 }
 
 // The scale the kernels multiply scores by: the caller's, else 1 / sqrt(head_dim). A scale of 0
-// runs as FLT_MIN, which takes every finite score to an exponent that rounds to 0 as 0 does, while
-// masked scores stay -inf (0 * -inf would be NaN).
+// runs as 2^-100: every finite score's exponent (|s| < 2^70) then rounds exp2 to 1 as 0 does, while
+// masked scores stay -inf (0 * -inf would be NaN) and the softmax's max slack, 8 / scale, stays finite.
 float kernel_softmax_scale(std::optional<float> scale, int head_dim) {
   const float value = scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim))));
-  return value == 0.f ? std::numeric_limits<float>::min() : value;
+  return value == 0.f ? 0x1p-100f : value;
 }
 
 // The band in non-negative widths: an unbounded side, and any wider one, becomes the width that
