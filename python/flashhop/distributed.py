@@ -16,6 +16,7 @@ Communication is torch.distributed (NCCL on GPUs, gloo on the CPUs); the attenti
 shards goes through a backend object, by default flashhop's operators. docs/DESIGN.md explains the
 schedule.
 """
+import math
 from typing import NamedTuple
 
 import torch
@@ -28,14 +29,16 @@ METHODS = ("auto", "ring", "all_gather")
 
 
 class FlashhopBackend:
-    """The attention of one (query shard, key shard) pair: flashhop's operators on CUDA tensors.
+    """The attention of one block (local queries against keys of one shard): flashhop's operators
+    on CUDA tensors.
 
     A backend is built with the call's options and has two methods, which any replacement (such as
-    the tests' float64 PyTorch attention on CPU tensors) provides alike:
-    forward(q, k, v, causal) -> (out, lse): out in q's dtype, lse (batch, nheads, seqlen_q) in float32
-    or wider, causal aligned to the bottom-right corner as flashhop's;
-    backward(dout, q, k, v, out, lse, causal) -> (dq, dk, dv) in the inputs' dtypes, for the given out
-    and lse, which in the ring are those of the whole attention, not of this pair.
+    the tests' float64 PyTorch attention on CPU tensors) provides alike, window being flashhop's
+    (left, right), aligned to the block's bottom-right corner, -1 unbounded, (-1, 0) causal:
+    forward(q, k, v, window) -> (out, lse): out in q's dtype, lse (batch, nheads, seqlen_q) in float32
+    or wider;
+    backward(dout, q, k, v, out, lse, window) -> (dq, dk, dv) in the inputs' dtypes, for the given out
+    and lse, which in the ring are those of the whole attention, not of the block.
     """
 
     def __init__(self, softmax_scale=None, softcap=0.0, deterministic=False):
@@ -43,12 +46,16 @@ class FlashhopBackend:
         self.softcap = softcap
         self.deterministic = deterministic
 
-    def forward(self, q, k, v, causal):
-        return torch.ops.flashhop.fwd(q, k, v, self.softmax_scale, causal, -1, 0 if causal else -1, self.softcap,
-                                      None, self.deterministic)
+    def _mask(self, window):
+        """(causal, window_left, window_right) as the operators take them; causal is window_right = 0."""
+        return window[1] == 0, window[0], window[1]
 
-    def backward(self, dout, q, k, v, out, lse, causal):
-        return torch.ops.flashhop.bwd(dout, q, k, v, out, lse, self.softmax_scale, causal, -1, 0 if causal else -1,
+    def forward(self, q, k, v, window):
+        return torch.ops.flashhop.fwd(q, k, v, self.softmax_scale, *self._mask(window), self.softcap, None,
+                                      self.deterministic)
+
+    def backward(self, dout, q, k, v, out, lse, window):
+        return torch.ops.flashhop.bwd(dout, q, k, v, out, lse, self.softmax_scale, *self._mask(window),
                                       self.softcap, self.deterministic)
 
 
@@ -153,33 +160,79 @@ def _unshard(shards, dim, layout):
 
 
 class _Block(NamedTuple):
-    """Which local queries attend to which keys of the shard in hand, and with which mask."""
+    """Which local queries attend to which keys of the shard in hand, under which mask: window
+    (left, right) as flashhop's, aligned to the block's bottom-right corner, -1 unbounded, (-1, 0)
+    causal."""
     queries: slice
     keys: slice
-    causal: bool
+    window: tuple
 
 
 _ALL = slice(None)
+_FULL = (-1, -1)
+_CAUSAL = (-1, 0)
 
 
-def _ring_block(rank, source, seqlen, causal, layout):
-    """The block that the queries of `rank` attend to in the K/V shard of `source`, or None. Every
-    pair is one call: for non-causal attention the whole shards; for causal, the rank's own shard is
-    the causal diagonal (seqlen_q == seqlen_k), and with the contiguous layout an earlier shard is
-    fully visible and a later one hidden. In the zigzag layout (chunks r and 2W-1-r of 2W), an earlier
-    rank's first chunk is before both local chunks and its second after both: all local queries see
-    the first half of its shard; a later rank's chunks both lie between the local ones: the second
-    half of the local queries sees all of its shard."""
-    if not causal:
-        return _Block(_ALL, _ALL, False)
-    if source == rank:
-        return _Block(_ALL, _ALL, True)
+class _Chunk(NamedTuple):
+    """A run of consecutive positions of the sequence held by one rank."""
+    start: int  # in the whole sequence
+    local: int  # in the rank's shard
+    length: int
+
+
+def _chunks(rank, world_size, seqlen, layout):
     if layout == "contiguous":
-        return _Block(_ALL, _ALL, False) if source < rank else None
+        return [_Chunk(rank * seqlen, 0, seqlen)]
+    half = seqlen // 2
+    return [_Chunk(rank * half, 0, half), _Chunk((2 * world_size - 1 - rank) * half, half, half)]
+
+
+def _band_block(queries, keys, window):
+    """The block for the chunk pair (queries, keys) when the query at position p sees the keys at
+    p - left .. p + right (-1 unbounded), or None if it sees none of them. flashhop has no argument for
+    the chunks' positions, but its band is aligned to the bottom-right corner of the call: the block
+    is the bounding box of the visible pairs, whose bottom-right corner always lies on the band (the
+    last query of the box sees the last key of the box, or the box would end earlier), and its window
+    is the band's edges taken relative to that corner."""
+    left, right = (math.inf if width < 0 else width for width in window)
+    # Visible pairs (i, j) of chunk-local indices: low <= j - i <= high.
+    low, high = queries.start - keys.start - left, queries.start - keys.start + right
+    q_begin, q_end = max(0, -high), min(queries.length, keys.length - low)
+    k_begin, k_end = max(0, low), min(keys.length, queries.length + high)
+    if q_begin >= q_end or k_begin >= k_end:
+        return None
+    corner = k_end - q_end  # j - i at the box's bottom-right corner: the diagonal the call's window is measured from
+    block_left, block_right = corner - low, high - corner
+    # Widths that reach past the block are unbounded, so that fully visible blocks run unmasked.
+    block_window = (-1 if block_left >= k_end - k_begin - 1 else int(block_left),
+                    -1 if block_right >= q_end - q_begin - 1 else int(block_right))
+    return _Block(slice(queries.local + q_begin, queries.local + q_end),
+                  slice(keys.local + k_begin, keys.local + k_end), block_window)
+
+
+def _ring_blocks(rank, source, world_size, seqlen, window, layout):
+    """The blocks that the queries of `rank` attend to in the K/V shard of `source`. Without a window
+    every pair of shards is at most one call: for non-causal attention the whole shards; for causal,
+    the rank's own shard is the causal diagonal (seqlen_q == seqlen_k), and with the contiguous
+    layout an earlier shard is fully visible and a later one hidden. In the zigzag layout (chunks r
+    and 2W-1-r of 2W), an earlier rank's first chunk lies before both local chunks and its second
+    after both: all local queries see the first half of its shard; a later rank's chunks both lie
+    between the local ones: the second half of the local queries sees all of its shard. With a
+    window, one block per pair of chunks."""
+    if window == _FULL:
+        return [_Block(_ALL, _ALL, _FULL)]
+    if window != _CAUSAL:
+        return [block for queries in _chunks(rank, world_size, seqlen, layout)
+                for keys in _chunks(source, world_size, seqlen, layout)
+                if (block := _band_block(queries, keys, window)) is not None]
+    if source == rank:
+        return [_Block(_ALL, _ALL, _CAUSAL)]
+    if layout == "contiguous":
+        return [_Block(_ALL, _ALL, _FULL)] if source < rank else []
     half = seqlen // 2
     if source < rank:
-        return _Block(_ALL, slice(0, half), False)
-    return _Block(slice(half, None), _ALL, False)
+        return [_Block(_ALL, slice(0, half), _FULL)]
+    return [_Block(slice(half, None), _ALL, _FULL)]
 
 
 def _accumulator_dtype(tensor):
@@ -201,27 +254,32 @@ def _merge(out, lse, block_out, block_lse):
     lse.copy_(merged)
 
 
-def _ring_forward(ring, backend, q, k, v, causal, layout):
+def _empty_result(q, v):
+    """out = 0 and lse = -inf (no key seen yet) in the accumulators' dtype."""
     batch, seqlen_q, nheads, _ = q.shape
     accumulator = _accumulator_dtype(q)
     out = q.new_zeros((batch, seqlen_q, nheads, v.shape[3]), dtype=accumulator)
     lse = q.new_full((batch, nheads, seqlen_q), float("-inf"), dtype=accumulator)
+    return out, lse
+
+
+def _ring_forward(ring, backend, q, k, v, window, layout):
+    out, lse = _empty_result(q, v)
     kv = (k, v)
     for step in range(ring.world_size):
         source = (ring.rank - step) % ring.world_size
         if step + 1 < ring.world_size:
             transfer = ring.exchange(kv)
-        block = _ring_block(ring.rank, source, seqlen_q, causal, layout)
-        if block is not None:
-            block_out, block_lse = backend.forward(q[:, block.queries], kv[0][:, block.keys], kv[1][:, block.keys],
-                                                   block.causal)
-            _merge(out[:, block.queries], lse[:, :, block.queries], block_out, block_lse)
+        for block in _ring_blocks(ring.rank, source, ring.world_size, q.shape[1], window, layout):
+            rows, keys = block.queries, block.keys
+            block_out, block_lse = backend.forward(q[:, rows], kv[0][:, keys], kv[1][:, keys], block.window)
+            _merge(out[:, rows], lse[:, :, rows], block_out, block_lse)
         if step + 1 < ring.world_size:
             kv = transfer.wait()
     return out.to(q.dtype), lse
 
 
-def _ring_backward(ring, backend, dout, q, k, v, out, lse, causal, layout):
+def _ring_backward(ring, backend, dout, q, k, v, out, lse, window, layout):
     """dq accumulates here in fp32; the gradients of the K/V shard in hand accumulate in fp32 buffers
     that follow the shard round the ring, one step behind it, and reach its owner after the last step."""
     dq = torch.zeros_like(q, dtype=_accumulator_dtype(q))
@@ -230,20 +288,22 @@ def _ring_backward(ring, backend, dout, q, k, v, out, lse, causal, layout):
         source = (ring.rank - step) % ring.world_size
         if step + 1 < ring.world_size:
             kv_transfer = ring.exchange(kv)
-        block = _ring_block(ring.rank, source, q.shape[1], causal, layout)
-        if block is not None:
-            rows = block.queries
-            block_dq, block_dk, block_dv = backend.backward(dout[:, rows], q[:, rows], kv[0][:, block.keys],
-                                                            kv[1][:, block.keys], out[:, rows], lse[:, :, rows],
-                                                            block.causal)
+        # Computed before the gradients of this shard arrive from the previous rank, which they overlap.
+        block_grads = []
+        for block in _ring_blocks(ring.rank, source, ring.world_size, q.shape[1], window, layout):
+            rows, keys = block.queries, block.keys
+            block_dq, block_dk, block_dv = backend.backward(dout[:, rows], q[:, rows], kv[0][:, keys],
+                                                            kv[1][:, keys], out[:, rows], lse[:, :, rows],
+                                                            block.window)
             dq[:, rows] += block_dq
+            block_grads.append((keys, block_dk, block_dv))
         if step == 0:
             dk, dv = (torch.zeros_like(t, dtype=_accumulator_dtype(t)) for t in kv)
         else:
             dk, dv = dkv_transfer.wait()
-        if block is not None:
-            dk[:, block.keys] += block_dk
-            dv[:, block.keys] += block_dv
+        for keys, block_dk, block_dv in block_grads:
+            dk[:, keys] += block_dk
+            dv[:, keys] += block_dv
         dkv_transfer = ring.exchange((dk, dv))
         if step + 1 < ring.world_size:
             kv = kv_transfer.wait()
@@ -253,52 +313,49 @@ def _ring_backward(ring, backend, dout, q, k, v, out, lse, causal, layout):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, backend, causal, layout):
-        out, lse = _ring_forward(ring, backend, q, k, v, causal, layout)
+    def forward(ctx, q, k, v, ring, backend, window, layout):
+        out, lse = _ring_forward(ring, backend, q, k, v, window, layout)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.schedule = (ring, backend, causal, layout)
+        ctx.schedule = (ring, backend, window, layout)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        ring, backend, causal, layout = ctx.schedule
+        ring, backend, window, layout = ctx.schedule
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(ring, backend, dout, q, k, v, out, lse, causal, layout)
+        dq, dk, dv = _ring_backward(ring, backend, dout, q, k, v, out, lse, window, layout)
         return dq, dk, dv, None, None, None, None
 
 
-def _query_chunks(rank, world_size, seqlen, causal, layout):
-    """(local query rows, number of keys of the full sequence they see) for the all-gather method:
-    with a causal mask each contiguous run of local queries sees the keys up to its end, which the
-    bottom-right aligned mask of a call with those keys expresses."""
-    total = world_size * seqlen
-    if not causal:
-        return [(_ALL, total)]
-    if layout == "contiguous":
-        return [(_ALL, (rank + 1) * seqlen)]
-    half = seqlen // 2
-    return [(slice(0, half), (rank + 1) * half), (slice(half, None), (2 * world_size - rank) * half)]
+def _gathered_blocks(rank, world_size, seqlen, window, layout):
+    """The blocks of the all-gather method, the keys being those of the whole sequence in order: one
+    call without a mask, else one per local chunk (causal: the keys up to the chunk's end)."""
+    if window == _FULL:
+        return [_Block(_ALL, _ALL, _FULL)]
+    sequence = _Chunk(0, 0, world_size * seqlen)
+    return [block for queries in _chunks(rank, world_size, seqlen, layout)
+            if (block := _band_block(queries, sequence, window)) is not None]
 
 
-def _all_gather_forward(ring, backend, q, k, v, causal, layout):
+def _all_gather_forward(ring, backend, q, k, v, window, layout):
     k_full, v_full = (_unshard(ring.all_gather(t), 1, layout) for t in (k, v))
-    outs, lses = [], []
-    for rows, keys in _query_chunks(ring.rank, ring.world_size, q.shape[1], causal, layout):
-        out, lse = backend.forward(q[:, rows], k_full[:, :keys], v_full[:, :keys], causal)
-        outs.append(out)
-        lses.append(lse)
-    return torch.cat(outs, 1), torch.cat(lses, 2), k_full, v_full
+    out, lse = _empty_result(q, v)
+    for block in _gathered_blocks(ring.rank, ring.world_size, q.shape[1], window, layout):
+        rows, keys = block.queries, block.keys
+        out[:, rows], lse[:, :, rows] = backend.forward(q[:, rows], k_full[:, keys], v_full[:, keys], block.window)
+    return out.to(q.dtype), lse, k_full, v_full
 
 
-def _all_gather_backward(ring, backend, dout, q, k_full, v_full, out, lse, causal, layout):
-    dq = torch.empty_like(q)
+def _all_gather_backward(ring, backend, dout, q, k_full, v_full, out, lse, window, layout):
+    dq = torch.zeros_like(q)
     dk_full, dv_full = (torch.zeros_like(t, dtype=_accumulator_dtype(t)) for t in (k_full, v_full))
-    for rows, keys in _query_chunks(ring.rank, ring.world_size, q.shape[1], causal, layout):
-        dq[:, rows], dk, dv = backend.backward(dout[:, rows], q[:, rows], k_full[:, :keys], v_full[:, :keys],
-                                               out[:, rows], lse[:, :, rows], causal)
-        dk_full[:, :keys] += dk
-        dv_full[:, :keys] += dv
+    for block in _gathered_blocks(ring.rank, ring.world_size, q.shape[1], window, layout):
+        rows, keys = block.queries, block.keys
+        dq[:, rows], dk, dv = backend.backward(dout[:, rows], q[:, rows], k_full[:, keys], v_full[:, keys],
+                                               out[:, rows], lse[:, :, rows], block.window)
+        dk_full[:, keys] += dk
+        dv_full[:, keys] += dv
     dk, dv = (ring.reduce_scatter([_shard(t, 1, r, ring.world_size, layout) for r in range(ring.world_size)])
               for t in (dk_full, dv_full))
     return dq, dk.to(k_full.dtype), dv.to(v_full.dtype)
@@ -306,19 +363,19 @@ def _all_gather_backward(ring, backend, dout, q, k_full, v_full, out, lse, causa
 
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring, backend, causal, layout):
-        out, lse, k_full, v_full = _all_gather_forward(ring, backend, q, k, v, causal, layout)
+    def forward(ctx, q, k, v, ring, backend, window, layout):
+        out, lse, k_full, v_full = _all_gather_forward(ring, backend, q, k, v, window, layout)
         # The gathered K and V are kept for the backward rather than gathered again.
         ctx.save_for_backward(q, k_full, v_full, out, lse)
-        ctx.schedule = (ring, backend, causal, layout)
+        ctx.schedule = (ring, backend, window, layout)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        ring, backend, causal, layout = ctx.schedule
+        ring, backend, window, layout = ctx.schedule
         q, k_full, v_full, out, lse = ctx.saved_tensors
-        dq, dk, dv = _all_gather_backward(ring, backend, dout, q, k_full, v_full, out, lse, causal, layout)
+        dq, dk, dv = _all_gather_backward(ring, backend, dout, q, k_full, v_full, out, lse, window, layout)
         return dq, dk, dv, None, None, None, None
 
 
@@ -342,8 +399,8 @@ def ring_flash_attn_func(q, k, v, group=None, softmax_scale=None, causal=False, 
     gradients of k and v reach the rank that holds them.
     group: a torch.distributed process group (default: the world), or an object with the interface of
     ProcessGroupRing.
-    softmax_scale, causal, softcap, deterministic: as flash_attn_func, over the whole sequence.
-    window_size: only (-1, -1); sliding windows are not supported across shards.
+    softmax_scale, causal, window_size, softcap, deterministic: as flash_attn_func, over the whole
+    sequence (queries and keys of one sequence, so the masks' alignment does not matter).
     method: "ring" passes the K/V shards round the ring, overlapped with the attention; "all_gather"
     gathers the whole K and V on every rank once (suits GQA with few KV heads); "auto" chooses the
     all-gather when the whole K and V take no more memory than the local Q.
@@ -352,9 +409,11 @@ def ring_flash_attn_func(q, k, v, group=None, softmax_scale=None, causal=False, 
     Returns out (batch, seqlen, nheads, head_dim_v), and with return_attn_probs also softmax_lse
     (batch, nheads, seqlen) in float32, as flash_attn_func.
     """
-    if tuple(window_size) != (-1, -1):
-        raise ValueError(f"flashhop: window_size = {tuple(window_size)}: sliding windows are not supported by "
-                         "ring_flash_attn_func; use (-1, -1) (full or causal attention)")
+    window = tuple(window_size)
+    if len(window) != 2 or any(width < -1 for width in window):
+        raise ValueError(f"flashhop: window_size = {window}: expected (left, right), each -1 (unbounded) or >= 0")
+    if causal:
+        window = (window[0], 0)  # as flash_attn_func
     if layout not in LAYOUTS:
         raise ValueError(f"flashhop: layout = {layout!r}: expected one of {LAYOUTS}")
     if method not in METHODS:
@@ -372,5 +431,5 @@ def ring_flash_attn_func(q, k, v, group=None, softmax_scale=None, causal=False, 
     if method == "auto":
         method = "all_gather" if _all_gather_pays(q, k, v, ring.world_size) else "ring"
     function = _AllGatherAttention if method == "all_gather" else _RingAttention
-    out, lse = function.apply(q, k, v, ring, backend(softmax_scale, softcap, deterministic), causal, layout)
+    out, lse = function.apply(q, k, v, ring, backend(softmax_scale, softcap, deterministic), window, layout)
     return (out, lse) if return_attn_probs else out

@@ -31,11 +31,11 @@ class ReferenceBackend:
         self.softmax_scale = softmax_scale
         self.softcap = softcap
 
-    def forward(self, q, k, v, causal):
-        out, lse = attention_reference(q, k, v, self.softmax_scale, causal, softcap=self.softcap)
+    def forward(self, q, k, v, window):
+        out, lse = attention_reference(q, k, v, self.softmax_scale, window_size=window, softcap=self.softcap)
         return out.to(q.dtype), lse
 
-    def backward(self, dout, q, k, v, out, lse, causal):
+    def backward(self, dout, q, k, v, out, lse, window):
         batch, seqlen_q, nheads, head_dim = q.shape
         seqlen_k, nheads_kv = k.shape[1:3]
         group = nheads // nheads_kv
@@ -46,7 +46,7 @@ class ReferenceBackend:
         if self.softcap > 0:
             capped = torch.tanh(scores / self.softcap)
             scores = self.softcap * capped
-        visible = visible_keys(seqlen_q, seqlen_k, causal, device=q.device)
+        visible = visible_keys(seqlen_q, seqlen_k, window_size=window, device=q.device)
         probs = torch.exp(scores - lse.double()[..., None]).masked_fill(~visible, 0.0)
         delta = (dout64 * out64).sum(-1).transpose(1, 2)[..., None]
         grad_scores = probs * (torch.einsum("bqhd,bkhd->bhqk", dout64, v64) - delta)
@@ -157,7 +157,7 @@ def assert_matches_whole_sequence(results, q, k, v, dout, layout, options, toler
     results = [unshard(parts, layout, dim=2 if name == "lse" else 1)
                for name, parts in zip(("out", "lse", "dq", "dk", "dv"), zip(*results))]
     reference_options = {name: value for name, value in options.items() if name in ("softmax_scale", "causal",
-                                                                                      "softcap")}
+                                                                                      "window_size", "softcap")}
     inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
     out, lse = attention_reference(*inputs, **reference_options)
     out.backward(dout.double())
@@ -169,16 +169,24 @@ def assert_matches_whole_sequence(results, q, k, v, dout, layout, options, toler
 
 # (nheads, nheads_kv, head_dim, head_dim_v)
 HEADS = {"mha": (4, 4, 8, 8), "gqa": (4, 2, 8, 8), "mqa_dv": (6, 1, 8, 4)}
+# Over 48 positions: shards of 12 to 48, chunks of 6 to 24; the windows cross their edges.
+MASKS = {
+    "full": {},
+    "causal": dict(causal=True),
+    "window13_4": dict(window_size=(13, 4)),
+    "causal_window20": dict(causal=True, window_size=(20, -1)),
+    "window_right9": dict(window_size=(-1, 9)),
+}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", fd.LAYOUTS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("method", ["ring", "all_gather"])
 @pytest.mark.parametrize("heads", HEADS)
-def test_simulated_ranks(world_size, layout, causal, method, heads):
+def test_simulated_ranks(world_size, layout, mask, method, heads):
     q, k, v, dout = full_inputs(world_size, 48, *HEADS[heads])
-    options = dict(causal=causal, method=method, backend=ReferenceBackend)
+    options = dict(MASKS[mask], method=method, backend=ReferenceBackend)
     results, calls = simulate(world_size, lambda rank, ring: ring_attention_with_gradients(
         rank, ring, q, k, v, dout, layout, options))
     assert_matches_whole_sequence(results, q, k, v, dout, layout, options)
@@ -218,7 +226,8 @@ def test_zigzag_shards():
 
 
 @pytest.mark.parametrize("arguments,message", [
-    (dict(window_size=(8, 0)), r"window_size = \(8, 0\): sliding windows are not supported"),
+    (dict(window_size=(8, -2)), r"window_size = \(8, -2\): expected \(left, right\), each -1 \(unbounded\) or >= 0"),
+    (dict(window_size=(8,)), r"window_size = \(8,\): expected \(left, right\)"),
     (dict(layout="striped"), r"layout = 'striped': expected one of \('zigzag', 'contiguous'\)"),
     (dict(method="allgather"), r"method = 'allgather': expected one of \('auto', 'ring', 'all_gather'\)"),
 ])
@@ -244,7 +253,7 @@ def test_bad_shards():
 PROCESS_CASES = [
     (1, "zigzag", dict(causal=True, method="ring"), "gqa"),
     (2, "contiguous", dict(causal=True, method="ring"), "mha"),
-    (3, "zigzag", dict(causal=False, method="ring", softcap=1.5), "mha"),
+    (3, "zigzag", dict(causal=False, method="ring", softcap=1.5, window_size=(21, 5)), "mha"),
     (4, "zigzag", dict(causal=True, method="all_gather"), "mqa_dv"),
     (5, "contiguous", dict(causal=False, method="all_gather"), "gqa"),
 ]
@@ -290,17 +299,21 @@ def _assert_matches_one_gpu(results, q, k, v, dout, layout, options):
     """The ranks' bf16 results, unsharded, within FlashAttention's rule of the float64 reference: out
     and lse as one GPU's flashhop call is held, the gradients as flashhop's backward."""
     out, lse, *grads = [unshard(parts, layout, dim=2 if i == 1 else 1) for i, parts in enumerate(zip(*results))]
-    attention_options = dict(causal=options.get("causal", False), softcap=options.get("softcap", 0.0))
+    attention_options = {name: options[name] for name in ("causal", "window_size", "softcap") if name in options}
     assert_matches_reference(out, lse, q, k, v, **attention_options)
     check_gradients(q, k, v, dout, grads, **attention_options)
+
+
+# flash_attn_func's window_size of each mask, over 512 positions per rank.
+GPU_WINDOWS = {"full": (-1, -1), "causal": (-1, 0), "window300_70": (300, 70), "causal_window700": (700, 0)}
 
 
 @requires_hopper
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("layout", fd.LAYOUTS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mask", GPU_WINDOWS)
 @pytest.mark.parametrize("method", ["ring", "all_gather"])
-def test_simulated_ranks_flashhop(world_size, layout, causal, method):
+def test_simulated_ranks_flashhop(world_size, layout, mask, method):
     """The schedules of the simulated ranks with flashhop's kernels in bf16 on one GPU. The autograd
     engine runs the backward of every graph on CUDA tensors on one thread per device, where one
     rank's backward would wait for another's forever: the ranks call the schedule's forward and
@@ -309,19 +322,20 @@ def test_simulated_ranks_flashhop(world_size, layout, causal, method):
     forward, backward = ((fd._ring_forward, fd._ring_backward) if method == "ring" else
                          (fd._all_gather_forward, fd._all_gather_backward))
     backend = fd.FlashhopBackend()
+    window = GPU_WINDOWS[mask]
 
     def rank_result(rank, ring):
         q_local, k_local, v_local, dout_local = (shard(t, rank, world_size, layout) for t in (q, k, v, dout))
         if method == "ring":
-            out, lse = forward(ring, backend, q_local, k_local, v_local, causal, layout)
-            grads = backward(ring, backend, dout_local, q_local, k_local, v_local, out, lse, causal, layout)
+            out, lse = forward(ring, backend, q_local, k_local, v_local, window, layout)
+            grads = backward(ring, backend, dout_local, q_local, k_local, v_local, out, lse, window, layout)
         else:
-            out, lse, k_full, v_full = forward(ring, backend, q_local, k_local, v_local, causal, layout)
-            grads = backward(ring, backend, dout_local, q_local, k_full, v_full, out, lse, causal, layout)
+            out, lse, k_full, v_full = forward(ring, backend, q_local, k_local, v_local, window, layout)
+            grads = backward(ring, backend, dout_local, q_local, k_full, v_full, out, lse, window, layout)
         return (out, lse, *grads)
 
     results, _ = simulate(world_size, rank_result)
-    _assert_matches_one_gpu(results, q, k, v, dout, layout, dict(causal=causal))
+    _assert_matches_one_gpu(results, q, k, v, dout, layout, dict(window_size=window))
 
 
 @requires_hopper
