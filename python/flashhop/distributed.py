@@ -12,9 +12,10 @@ fp32. The backward runs the same ring with the merged (global) output and LSE, a
 K and V travel round it back to their owner. With GQA, when K and V of the whole sequence are small,
 all-gathering them once and making one call per local query chunk is the other method.
 
-Communication is torch.distributed (NCCL on GPUs, gloo on the CPUs); the attention of each pair of
-shards goes through a backend object, by default flashhop's operators. docs/DESIGN.md explains the
-schedule.
+Masks: causal, sliding windows, softcap, over the whole sequence. Communication is
+torch.distributed (NCCL on GPUs, gloo on the CPUs); the attention of each block (local queries
+against keys of one shard) goes through a backend object, by default flashhop's operators.
+docs/DESIGN.md explains the schedule.
 """
 import math
 from typing import NamedTuple
