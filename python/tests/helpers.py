@@ -96,6 +96,30 @@ def assert_matches_reference(out, lse, q, k, v, softcap=0.0, expected=None, **op
         _assert_within("lse", lse, lse_expected, lse_ref, lse_base, 1e-4 + score_error)
 
 
+def reference_gradients(q, k, v, dout, dtype, **options):
+    """dq, dk, dv in `dtype`: autograd through attention_reference in that dtype."""
+    inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = attention_reference(*inputs, dtype=dtype, **options)
+    out.backward(dout.to(dtype))
+    return [t.grad for t in inputs]
+
+
+def check_gradients(q, k, v, dout, got, **options):
+    """got = (dq, dk, dv) under FlashAttention's rule: the error against the float64 reference at most
+    twice that of the same autograd in the inputs' precision, plus a unit of that precision times the
+    gradient's size."""
+    reference = reference_gradients(q, k, v, dout, torch.float64, **options)
+    baseline = reference_gradients(q, k, v, dout, q.dtype, **options)
+    unit = torch.finfo(q.dtype).eps
+    for name, g, ref, base in zip(("dq", "dk", "dv"), got, reference, baseline):
+        assert g.shape == ref.shape and g.dtype == q.dtype, name
+        assert not g.isnan().any(), f"{name}: NaN"
+        error = (g.double() - ref).abs().max().item() if ref.numel() else 0.0
+        base_error = (base.double() - ref).abs().max().item() if ref.numel() else 0.0
+        bound = 2 * base_error + unit * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
+        assert error <= bound, f"{name}: max error {error:.3g} > 2 x {base_error:.3g} + {bound - 2 * base_error:.3g}"
+
+
 def skip_unless_built(call, *args, **kwargs):
     """call(*args, **kwargs), skipping the test when the installed build left out the kernel it
     needs (FLASHHOP_DTYPES / FLASHHOP_HEAD_DIMS)."""

@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashhop  # noqa: E402
-from helpers import attention_reference, random_qkv, requires_hopper, skip_unless_built  # noqa: E402
+from helpers import check_gradients, random_qkv, requires_hopper, skip_unless_built  # noqa: E402
 
 pytestmark = requires_hopper
 
@@ -16,26 +16,6 @@ FEATURES = {
     "window61_17": {"window_size": (61, 17)},
     "softcap_causal": {"softcap": 1.5, "causal": True},
 }
-
-
-def _reference_gradients(q, k, v, dout, dtype, **options):
-    inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    out, _ = attention_reference(*inputs, dtype=dtype, **options)
-    out.backward(dout.to(dtype))
-    return [t.grad for t in inputs]
-
-
-def _check_gradients(q, k, v, dout, got, **options):
-    reference = _reference_gradients(q, k, v, dout, torch.float64, **options)
-    baseline = _reference_gradients(q, k, v, dout, q.dtype, **options)
-    unit = torch.finfo(q.dtype).eps
-    for name, g, ref, base in zip(("dq", "dk", "dv"), got, reference, baseline):
-        assert g.shape == ref.shape and g.dtype == q.dtype, name
-        assert not g.isnan().any(), f"{name}: NaN"
-        error = (g.double() - ref).abs().max().item() if ref.numel() else 0.0
-        base_error = (base.double() - ref).abs().max().item() if ref.numel() else 0.0
-        bound = 2 * base_error + unit * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
-        assert error <= bound, f"{name}: max error {error:.3g} > 2 x {base_error:.3g} + {bound - 2 * base_error:.3g}"
 
 
 def _gradients(q, k, v, dout, **options):
@@ -53,7 +33,7 @@ def test_gradients(seqlen_q, seqlen_k, features, head_dim, dtype):
     q, k, v = random_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, dtype=dtype)
     dout = torch.randn(2, seqlen_q, 4, head_dim, device="cuda", dtype=dtype)
     got = _gradients(q, k, v, dout, **FEATURES[features])
-    _check_gradients(q, k, v, dout, got, **FEATURES[features])
+    check_gradients(q, k, v, dout, got, **FEATURES[features])
 
 
 def test_deterministic_gradients_are_bitwise_identical():
@@ -72,7 +52,7 @@ def test_scaled_dot_product_attention_is_differentiable():
     out.backward(dout)
     q, k, v = (t.detach().transpose(1, 2) for t in (query, key, value))
     got = [t.grad.transpose(1, 2) for t in (query, key, value)]
-    _check_gradients(q, k, v, dout.transpose(1, 2), got, causal=True)
+    check_gradients(q, k, v, dout.transpose(1, 2), got, causal=True)
 
 
 def test_head_dim_without_backward_kernels_says_so():
