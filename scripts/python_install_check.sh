@@ -3,8 +3,9 @@
 # installed with build isolation (pip brings pyproject.toml's build requirements, CUTLASS's headers
 # among them, into a temporary build environment) with its transformers extra, the package imported
 # with its library loaded, and python/tests run against the installed package (the transformers
-# integration's tests among them). Without a Hopper GPU the GPU tests report themselves skipped; a failed test, or a run in which no test passed, fails the check. .ci/run
-# runs it; it works the same on the GPU machine where pip reaches an index.
+# integration's tests among them). Without a Hopper GPU the GPU tests report themselves skipped; a
+# failed test, or a run in which no test passed, fails the check. .ci/run runs it; it works the
+# same on the GPU machine where pip reaches an index.
 #
 # Usage: scripts/python_install_check.sh [PYTEST_ARGS...]
 # Environment:
