@@ -120,14 +120,16 @@ def test_cpu_model_falls_back_and_matches_transformers(name, fresh_warnings):
         "flashhop: tensors on cpu: attention runs in PyTorch instead (warned once per reason)"]
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", MODELS)
-def test_cpu_greedy_generation_matches_transformers(name):
+def test_cpu_greedy_generation_matches_transformers(name, cache):
     model, other = _models(name, "cpu", torch.float32)
     ids, mask = _padded_batch([6, 13, 9], "cpu")
+    options = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, cache_implementation=cache)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tokens = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
-    assert torch.equal(tokens, other.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False))
+        tokens = model.generate(ids, **options)
+    assert torch.equal(tokens, other.generate(ids, **options))
 
 
 def _module(is_causal=True, num_key_value_groups=2):
@@ -259,12 +261,12 @@ def test_position_ids_that_count_up_are_one_sequence():
     query, key, value = _heads_first(batch=1)
     q, k = query.transpose(1, 2), key.transpose(1, 2)
     assert integration._packed_sequence_bounds(torch.arange(5, 16)[None], q, k) is None
-    assert integration._packed_sequence_bounds(torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7]]), q, k).tolist() == [
-        0, 3, 11]
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7]])
+    assert integration._packed_sequence_bounds(packed, q, k).tolist() == [0, 3, 11]
 
 
-@pytest.mark.parametrize("sliding_window, causal, expected", [(None, True, (-1, -1)), (8, True, (7, 0)),
-                                                               (8, False, (8, 8))])
+@pytest.mark.parametrize("sliding_window, causal, expected",
+                         [(None, True, (-1, -1)), (8, True, (7, 0)), (8, False, (8, 8))])
 def test_window_size_convention(sliding_window, causal, expected):
     assert integration._window_size(sliding_window, causal) == expected
 
