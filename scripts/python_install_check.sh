@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `pip install .` as a newcomer runs it: a fresh virtual environment, PyTorch, then this repository
 # installed with build isolation (pip brings pyproject.toml's build requirements, CUTLASS's headers
-# among them, into a temporary build environment), the package imported with its library loaded,
-# and python/tests run against the installed package. Without a Hopper GPU the GPU tests report
-# themselves skipped; a failed test, or a run in which no test passed, fails the check. .ci/run
-# runs it; it works the same on the GPU machine where pip reaches an index.
+# among them, into a temporary build environment) with its transformers extra, the package imported
+# with its library loaded, and python/tests run against the installed package (the transformers
+# integration's tests among them). Without a Hopper GPU the GPU tests report themselves skipped; a
+# failed test, or a run in which no test passed, fails the check. .ci/run runs it; it works the
+# same on the GPU machine where pip reaches an index.
 #
 # Usage: scripts/python_install_check.sh [PYTEST_ARGS...]
 # Environment:
@@ -42,8 +43,8 @@ begin "torch and pytest"
 "$python" -c 'import torch; print("torch", torch.__version__, "| CUDA available:", torch.cuda.is_available())'
 done_stage
 
-begin "pip install . (build isolation; kernels: dtypes $FLASHHOP_DTYPES, head dims $FLASHHOP_HEAD_DIMS)"
-if ! "$python" -m pip install -v "$root" >"$log" 2>&1; then
+begin "pip install .[transformers] (build isolation; kernels: dtypes $FLASHHOP_DTYPES, head dims $FLASHHOP_HEAD_DIMS)"
+if ! "$python" -m pip install -v "$root[transformers]" >"$log" 2>&1; then
   tail -60 "$log" >&2
   echo "python check: pip install . failed; expected it to build and install flashhop (last lines above)" >&2
   false

@@ -3,6 +3,10 @@
     import flashhop
     out = flashhop.flash_attn_func(q, k, v, causal=True)           # (batch, seqlen, nheads, head_dim)
     out = flashhop.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nheads, seqlen, head_dim)
+    with flashhop.sdpa_override():  # torch.nn.functional.scaled_dot_product_attention runs flashhop's
+        out = model(x)
+
+The Hugging Face transformers integration is flashhop.integrations.transformers (imported on its own).
 
 The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (its gradients).
 """
@@ -11,6 +15,6 @@ try:
 except ImportError as error:
     raise ImportError("flashhop needs PyTorch: install torch (a CUDA build) first") from error
 
-from .interface import flash_attn_func, scaled_dot_product_attention
+from .interface import flash_attn_func, scaled_dot_product_attention, sdpa_override
 
-__all__ = ["flash_attn_func", "scaled_dot_product_attention"]
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "sdpa_override"]

@@ -1,9 +1,13 @@
-"""The public functions: FlashAttention-3's `flash_attn_func` and a drop-in for
-torch.nn.functional.scaled_dot_product_attention. Arguments that the kernels do not support yet
-raise NotImplementedError, never get ignored."""
+"""The public functions: FlashAttention-3's `flash_attn_func`, a drop-in for
+torch.nn.functional.scaled_dot_product_attention, and `sdpa_override`, which routes torch's own
+function to it. Arguments that the kernels do not support yet raise NotImplementedError, never get
+ignored."""
+import contextlib
+
 import torch
 
 from . import _ops  # noqa: F401  (registers torch.ops.flashhop.*)
+from ._support import unsupported_reason
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-1, -1), softcap=0.0,
@@ -79,3 +83,47 @@ def _top_left_causal(q, k, v, scale):
     head = flash_attn_func(q[:, :seqlen_k], k, v, scale, causal=True)
     tail = flash_attn_func(q[:, seqlen_k:], k, v, scale)
     return torch.cat([head, tail], dim=1)
+
+
+@contextlib.contextmanager
+def sdpa_override():
+    """Within the block, torch.nn.functional.scaled_dot_product_attention runs the calls that
+    flashhop computes through scaled_dot_product_attention above, and passes every other call on,
+    unchanged, to the function it replaced. flashhop takes 4-D CUDA float16 / bfloat16 inputs with
+    the head dims flash_attn_func lists (64, 96 or 128 where gradients are needed), no attn_mask,
+    dropout_p = 0, any is_causal, scale and enable_gqa. The replaced function comes back on exit,
+    on an exception too; blocks nest. The replacement is of the module attribute, process-wide:
+    other threads see it while the block runs, and code that bound the function to a name of its
+    own before the block (`from torch.nn.functional import scaled_dot_product_attention`) keeps
+    calling torch's."""
+    replaced = torch.nn.functional.scaled_dot_product_attention
+
+    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        if _routable(query, key, value, attn_mask, dropout_p, kwargs):
+            return scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale,
+                                                enable_gqa=kwargs.get("enable_gqa", False))
+        return replaced(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = replaced
+
+
+def _routable(query, key, value, attn_mask, dropout_p, kwargs):
+    """Whether an SDPA call is one flashhop computes; calls torch would reject go to torch, which
+    explains them."""
+    tensors = (query, key, value)
+    if set(kwargs) - {"enable_gqa"} or attn_mask is not None or dropout_p != 0.0:
+        return False
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.dim() == 4 for t in tensors):
+        return False
+    batch, nheads, _, _ = query.shape
+    _, nheads_kv, seqlen_k, _ = key.shape
+    if key.shape[0] != batch or value.shape[:3] != (batch, nheads_kv, seqlen_k):
+        return False
+    if nheads != nheads_kv and not (kwargs.get("enable_gqa", False) and nheads % nheads_kv == 0):
+        return False
+    return unsupported_reason(query, key, value) is None

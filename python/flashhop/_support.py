@@ -1,0 +1,34 @@
+"""Which calls the kernels can take, for the callers that choose between flashhop and PyTorch's
+attention before calling (sdpa_override, the transformers integration). The library remains the
+authority on every argument; these are the facts that decide a fallback."""
+import torch
+
+DTYPES = (torch.float16, torch.bfloat16)
+# (head_dim, head_dim_v) of the forward kernels, and the head dims (with head_dim_v = head_dim) of
+# the backward's.
+HEAD_DIMS = {(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)}
+BACKWARD_HEAD_DIMS = {64, 96, 128}
+
+
+def unsupported_reason(q, k, v):
+    """None where the kernels compute attention over q, k and v (either layout: the head dim is
+    last in both), and its gradients if autograd will ask for them; otherwise why not, in a few
+    words that name the property."""
+    tensors = (q, k, v)
+    for t in tensors:
+        if t.device.type != "cuda":
+            return f"tensors on {t.device.type}"
+    if q.dtype not in DTYPES:
+        return f"dtype {q.dtype}"
+    if any(t.dtype != q.dtype for t in tensors):
+        return "q, k and v of different dtypes"
+    for t in tensors:
+        if t.stride(-1) != 1:
+            return "a head dim that is not contiguous"
+    head_dims = (q.shape[-1], v.shape[-1])
+    if k.shape[-1] != q.shape[-1] or head_dims not in HEAD_DIMS:
+        return f"head dims {head_dims}"
+    needs_gradients = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if needs_gradients and (head_dims[0] not in BACKWARD_HEAD_DIMS or head_dims[0] != head_dims[1]):
+        return f"gradients at head dims {head_dims}"
+    return None
