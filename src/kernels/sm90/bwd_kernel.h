@@ -406,10 +406,14 @@ struct BackwardKernel {
       pipeline_do.consumer_wait(read);
       warpgroup_gemm<true, -1>(mma_dp, tDPrV, tDPrDO(_, _, _, stage), dp_accum);
 
-      // P^T = exp2(kept score * score_scale_log2 - LSE_log2); 0 where masked, and in query rows
-      // past seqlen_q or that see no key (LSE_log2 = +inf there).
+      // P^T = exp2(kept score * score_scale_log2 - LSE_log2); 0 where masked, at keys past
+      // seqlen_k (their zero-filled K would give exp2(-LSE_log2), which can overflow), and in query
+      // rows past seqlen_q or that see no key (LSE_log2 = +inf there). Only tiles that some query
+      // does not wholly see need the per-element mask.
       warpgroup_wait<1>();
       float const* lse_log2 = shared.lse_log2.data() + stage * kBlockM;
+      bool const whole_tile = first_key + kBlockN <= params.seqlen_k &&
+                              params.mask.sees_whole_tile(m_block * kBlockM, kBlockM, first_key, kBlockN);
       Tensor dtanh = make_fragment_like(s_accum);  // 1 - t^2, with soft-capping
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(s_accum); ++i) {
@@ -419,13 +423,15 @@ struct BackwardKernel {
           kept = fast_tanh(kept * params.softcap_prescale);
           dtanh(i) = 1.f - kept * kept;
         }
-        float p = exp2f(kept * params.score_scale_log2 - lse_log2[col]);
-        if constexpr (Mask::kIsLocal) {
-          RowKeys const keys = params.mask.row_keys(m_block * kBlockM + col);
+        s_accum(i) = exp2f(kept * params.score_scale_log2 - lse_log2[col]);
+      }
+      if (!whole_tile) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(s_accum); ++i) {
+          RowKeys const keys = params.mask.row_keys(m_block * kBlockM + get<1>(coords(i)));
           int const key = first_key + get<0>(coords(i));
-          if (key < keys.begin || key >= keys.end) p = 0.f;
+          if (key < keys.begin || key >= keys.end) s_accum(i) = 0.f;
         }
-        s_accum(i) = p;
       }
       // dS^T = P^T (dP^T - D) (1 - t^2), without softmax_scale.
       warpgroup_wait<0>();

@@ -51,6 +51,9 @@ struct NoMask {
     return {0, cute::ceil_div(seqlen_k, kBlockN), seqlen_k / kBlockN, 0};
   }
   CUTLASS_HOST_DEVICE RowKeys row_keys(int /*query*/) const { return {0, seqlen_k}; }
+  CUTLASS_HOST_DEVICE bool sees_whole_tile(int /*first_query*/, int /*rows*/, int /*first_key*/, int /*keys*/) const {
+    return true;
+  }
   // The query tiles that see keys [first_key, last_key] (last_key < seqlen_k): all of them.
   template <int kBlockM>
   CUTLASS_HOST_DEVICE QueryBlocks query_blocks(int /*first_key*/, int /*last_key*/) const {
@@ -93,6 +96,12 @@ struct LocalMask {
   }
   CUTLASS_HOST_DEVICE RowKeys row_keys(int row) const {
     return {clip(band_begin(row)), clip(band_end(row))};
+  }
+  // Whether each of queries [first_query, first_query + rows) sees each of keys [first_key,
+  // first_key + keys): the last query's band starts at or before the first key, and the first
+  // query's ends after the last.
+  CUTLASS_HOST_DEVICE bool sees_whole_tile(int first_query, int rows, int first_key, int keys) const {
+    return band_begin(first_query + rows - 1) <= first_key && band_end(first_query) >= first_key + keys;
   }
   // The query tiles with a query that sees one of keys [first_key, last_key] (last_key < seqlen_k):
   // queries i with band_begin(i) <= last_key and band_end(i) > first_key, within [0, seqlen_q).
