@@ -67,9 +67,9 @@ class Loading(unittest.TestCase):
         _, series = tool.collect([report], "kv_tbps")
         self.assertEqual(series, ["flashhop, pack off", "flashhop, pack on"])
 
-    def test_docs_data_bundles_hold_both_reports(self):
+    def test_forward_bundles_hold_both_reports(self):
         for name in sorted(os.listdir(DOCS_DATA)):
-            if name.endswith(".json"):
+            if name.startswith("forward_") and name.endswith(".json"):
                 reports = load(os.path.join(DOCS_DATA, name))
                 self.assertEqual(sorted(r["tool"] for r in reports), ["flashhop-bench", "peers_sdpa.py"], name)
 
