@@ -14,9 +14,10 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+import flashhop  # noqa: E402
 import flashhop.distributed as fd  # noqa: E402
 from helpers import (HOPPER, assert_matches_reference, attention_reference, check_gradients,  # noqa: E402
-                     requires_hopper, visible_keys)
+                     requires_hopper, skip_unless_built, visible_keys)
 
 TIMEOUT_S = 60
 
@@ -318,11 +319,12 @@ def test_simulated_ranks_flashhop(world_size, layout, mask, method):
     engine runs the backward of every graph on CUDA tensors on one thread per device, where one
     rank's backward would wait for another's forever: the ranks call the schedule's forward and
     backward functions themselves."""
-    q, k, v, dout = full_inputs(world_size, 512 * world_size, 8, 2, 128, 128, torch.bfloat16, "cuda")
+    q, k, v, dout = full_inputs(world_size, 512 * world_size, 8, 2, 64, 64, torch.bfloat16, "cuda")
+    window = GPU_WINDOWS[mask]
+    skip_unless_built(flashhop.flash_attn_func, q, k, v, window_size=window)
     forward, backward = ((fd._ring_forward, fd._ring_backward) if method == "ring" else
                          (fd._all_gather_forward, fd._all_gather_backward))
     backend = fd.FlashhopBackend()
-    window = GPU_WINDOWS[mask]
 
     def rank_result(rank, ring):
         q_local, k_local, v_local, dout_local = (shard(t, rank, world_size, layout) for t in (q, k, v, dout))
