@@ -216,16 +216,6 @@ const InvalidCase kInvalidCases[] = {
     // valid but not supported
     {"head_dim_80", [](ForwardArgs& a) { a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.o.shape[3] = 80; },
      kNotSupported, {"q.shape[3] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
-    {"head_dim_192",
-     [](flashhop::BackwardArgs& a) {
-       for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv}) {
-         t->shape[3] = 192;
-         t->stride[2] = 192;
-         t->stride[1] = 192 * t->shape[2];
-         t->stride[0] = t->stride[1] * t->shape[1];
-       }
-     },
-     kNotSupported, {"head_dim) = 192", "the backward pass supports head dims 64, 96, 128 and 256"}},
     {"head_dim_v_differs_from_head_dim", [](ForwardArgs& a) { a.v.shape[3] = a.o.shape[3] = 64; }, kNotSupported,
      {"v.shape[3] (head_dim_v) = 64", "expected head_dim (128);", "(192, 128) only"}},
     {"head_dim_192_head_dim_v_64",
