@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashhop/flashhop.h"
@@ -45,7 +46,8 @@ struct BackwardCase {
 
 std::string name(const BackwardCase& c) {
   const Problem& p = c.problem;
-  return std::string(c.dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" + std::to_string(p.head_dim) + "_" +
+  return std::string(c.dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" + std::to_string(p.head_dim) +
+         (p.dv() != p.head_dim ? "x" + std::to_string(p.dv()) : "") + "_" +
          c.options.name + "_b" + std::to_string(p.batch) + "_sq" + std::to_string(p.seqlen_q) + "_sk" +
          std::to_string(p.seqlen_k) + "_h" + std::to_string(p.nheads) + "_kv" + std::to_string(p.nheads_kv) +
          (c.deterministic ? "_deterministic" : "");
@@ -251,15 +253,16 @@ std::vector<BackwardCase> cases() {
   };
   std::vector<BackwardCase> all;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (int d : {64, 96, 128}) {
+    for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {256, 256}}) {
       for (const NamedOptions& options : {kFull, kCausal, kWindow, kCausalWindow, kSoftcap, kSoftcapCausal}) {
         if (dtype == DType::kFloat16 && options.masking.window_left >= 0) continue;  // bf16 covers the windows
         for (Problem problem : shapes) {
           problem.head_dim = d;
+          problem.head_dim_v = dv;
           all.push_back({dtype, options, problem});
         }
       }
-      Problem problem{2, 300, 500, 8, 2, d};
+      Problem problem{2, 300, 500, 8, 2, d, dv};
       all.push_back({dtype, kCausal, problem, /*deterministic=*/true});
       all.push_back({dtype, kFull, problem, /*deterministic=*/true});
     }

@@ -779,16 +779,26 @@ const InvalidBackwardCase kInvalidBackwardCases[] = {
     {"dv_is_dk", [](flashhop::BackwardArgs& a) { a.dv.data = a.dk.data; }, kInvalid, {"dk.data", "overlaps dv's"}},
     {"dk_inside_dout", [](flashhop::BackwardArgs& a) { a.dk.data = shifted(a.dout.data, 512); }, kInvalid,
      {"dk.data", "overlaps dout's"}},
-    {"head_dim_256",
+    {"head_dim_80",
      [](flashhop::BackwardArgs& a) {
        for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv}) {
-         t->shape[3] = 256;
-         t->stride[2] = 256;
-         t->stride[1] = 256 * t->shape[2];
+         t->shape[3] = 80;
+         t->stride[2] = 80;
+         t->stride[1] = 80 * t->shape[2];
          t->stride[0] = t->stride[1] * t->shape[1];
        }
      },
-     kNotSupported, {"head_dim) = 256", "the backward pass supports head dims 64, 96 and 128"}},
+     kNotSupported, {"q.shape[3] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
+    {"head_dim_192",
+     [](flashhop::BackwardArgs& a) {
+       for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv}) {
+         t->shape[3] = 192;
+         t->stride[2] = 192;
+         t->stride[1] = 192 * t->shape[2];
+         t->stride[0] = t->stride[1] * t->shape[1];
+       }
+     },
+     kNotSupported, {"head_dim) = 192", "the backward pass supports head dims 64, 96, 128 and 256"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Validation, InvalidBackwardArguments, ::testing::ValuesIn(kInvalidBackwardCases),

@@ -2,11 +2,13 @@
 writes src/kernels/sm90/bwd_recipes.h, the instantiation files and their CMake entries from it).
 
 A recipe is a (head dims, mask kind) configuration, compiled once per dtype of forward_recipes.DTYPES
-(each file holds the kernel with and without soft-capping). The CTA owns block_n key rows, 64 per
-consumer warpgroup, and walks query tiles of block_m rows; its shared memory holds K and V
-(block_n x d, block_n x dv), `stages` Q and dO tiles, dS (block_m x block_n) and dQ in fp32
-(block_m x d). Registers per consumer thread (two warpgroups, 240 each): dK and dV accumulators
-d / 2 and dv / 2 floats, S^T and dP^T 32 each, dQ d / 4.
+(each file holds the kernel with and without soft-capping). Two consumer warpgroups share the CTA's
+block_n key rows (bwd_recipe.h's DkvSplit) while it walks query tiles of block_m rows; its shared
+memory holds K and V (block_n x d, block_n x dv), `stages` Q and dO tiles, dS (block_m x block_n),
+P^T too with the columns split, and dQ in fp32 (block_m x d). Registers per consumer thread (240):
+with key rows split (block_n 128), dK and dV accumulators d / 2 and dv / 2 floats, S^T and dP^T 32
+each, dQ d / 4; with columns split (block_n 64), dK and dV d / 4 and dv / 4, S^T and dP^T 16 each,
+dQ d / 4.
 """
 from dataclasses import dataclass
 
@@ -22,6 +24,7 @@ class Recipe:
     block_m: int = 64
     block_n: int = 128
     stages: int = 2
+    split: str = "key_rows"  # or "columns"
 
     @property
     def name(self):
@@ -31,7 +34,9 @@ class Recipe:
 
 def shared_bytes(r):
     d, dv = r.head_dims
-    tensors = ELEMENT_BYTES * (r.block_n * (d + dv) + r.stages * r.block_m * (d + dv) + r.block_m * r.block_n)
+    score_tiles = 2 if r.split == "columns" else 1  # dS, and P^T with the columns split
+    tensors = ELEMENT_BYTES * (r.block_n * (d + dv) + r.stages * r.block_m * (d + dv) +
+                               score_tiles * r.block_m * r.block_n)
     return tensors + 4 * r.block_m * d + 2 * 4 * r.stages * r.block_m + 1024
 
 
@@ -40,6 +45,10 @@ def _rows():
     for d in (64, 96, 128):
         for mask in ("nomask", "local"):
             rows.append(Recipe((d, d), mask, why="two consumer warpgroups of 64 key rows; dQ's columns split between them"))
+    wide = "two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ"
+    for mask in ("nomask", "local"):
+        rows.append(Recipe((256, 256), mask, why=wide + "; one Q and dO stage (two would pass 227 KB)", block_n=64,
+                           stages=1, split="columns"))
     for r in rows:
         assert shared_bytes(r) <= SHARED_BYTES_PER_CTA, r.name
     return rows

@@ -38,6 +38,7 @@ ENUMS = {
     "loop_shape": {"single": "LoopShape::kSingle", "per_kind": "LoopShape::kPerKind",
                    "whole_per_softcap": "LoopShape::kWholeTilesPerSoftcap", "per_softcap": "LoopShape::kPerSoftcap"},
     "o_buffer": {"own": "OBuffer::kOwn", "take_turns": "OBuffer::kTakeTurns", "in_q": "OBuffer::kInQ"},
+    "dkv_split": {"key_rows": "DkvSplit::kKeyRows", "columns": "DkvSplit::kColumns"},
     "split": {"none": "SplitPolicy::kNone", "single_round": "SplitPolicy::kSingleRound",
               "last_round": "SplitPolicy::kLastRound"},
 }
@@ -86,6 +87,7 @@ def backward_recipe_fields(r):
         ("block_m", str(r.block_m)),
         ("block_n", str(r.block_n)),
         ("stages", str(r.stages)),
+        ("split", ENUMS["dkv_split"][r.split]),
     ]
 
 

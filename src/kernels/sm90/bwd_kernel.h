@@ -5,12 +5,15 @@
 //   main         one CTA per key tile (kBlockN keys) of one KV head: K and V stay in shared
 //                memory while the CTA walks the query tiles (kBlockM rows) of every query head of
 //                the KV group that see one of its keys. Per query tile, consumer warpgroup w owns
-//                key rows [64 w, 64 w + 64) and computes
+//                key rows [64 w, 64 w + 64) (DkvSplit::kKeyRows) and computes
 //                  S^T = K Q^T, dP^T = V dO^T                     (wgmma, both operands in smem)
 //                  P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D)   (registers; softcap's derivative)
 //                  dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
 //                and, once both warpgroups' dS^T are in shared memory, its half of the columns of
 //                  dQ = dS K                                      (wgmma, both operands in smem)
+//                With DkvSplit::kColumns (large head dims) the warpgroups share 64 key rows: w
+//                computes S^T and dP^T for half of the query columns, and, from P^T and dS^T in
+//                shared memory, half of the columns of dV, dK and dQ.
 //                which it adds into the fp32 accumulator in global memory by a bulk reduction
 //                (in n_block order under a semaphore with `deterministic`). dK and dV sum over the
 //                KV group's query heads in registers: no atomics, the same order in every call;
@@ -79,9 +82,13 @@ struct BackwardKernel {
   static constexpr int kStages = kRecipe.stages;
   static_assert(kBlockM == kBackwardRowBlock, "the workspace's row blocks are the query tiles");
   static constexpr int kConsumers = kRecipe.consumer_warpgroups();
-  // Two consumer warpgroups: each takes half of dQ's columns (a wgmma atom of N = d / 2).
-  static_assert(kConsumers == 2 && kBlockN == 64 * kConsumers, "64 key rows per consumer warpgroup, two of them");
-  static_assert(kHeadDim % (8 * kConsumers) == 0, "dQ's columns split into wgmma widths");
+  static constexpr bool kSplitColumns = kRecipe.split == DkvSplit::kColumns;
+  // Two consumer warpgroups: each takes half of dQ's columns (a wgmma atom of N = d / 2), and
+  // either 64 key rows of their own or, splitting columns, half of dV's and dK's.
+  static_assert(kConsumers == 2 && kBlockN == (kSplitColumns ? 64 : 64 * kConsumers),
+                "two consumer warpgroups on 64 key rows each, or sharing 64");
+  static_assert(kHeadDim % (8 * kConsumers) == 0 && kHeadDimV % (8 * kConsumers) == 0,
+                "columns split into wgmma widths");
   using Roles = WarpGroups<kConsumers>;
   static constexpr int kThreads = Roles::kThreads;
   static constexpr int kConsumerThreads = Roles::kConsumerThreads;
@@ -91,10 +98,13 @@ struct BackwardKernel {
   using HeadDim = cute::Int<kHeadDim>;
   using HeadDimV = cute::Int<kHeadDimV>;
   using Stages = cute::Int<kStages>;
-  // Consumer warpgroup w: key rows [64 w, 64 w + 64) of S^T, dP^T, dV and dK; dQ's columns
-  // [w d / 2, (w + 1) d / 2).
+  // Consumer warpgroup w: dQ's columns [w d / 2, (w + 1) d / 2); key rows [64 w, 64 w + 64) of
+  // S^T, dP^T, dV and dK, or with kSplitColumns, query columns [32 w, 32 w + 32) of S^T and dP^T
+  // and the w-th half of the columns of dV and dK.
   using KeyRowsAtoms = cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>;
-  using DqColumnAtoms = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumers>, cute::_1>>;
+  using ColumnAtoms = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumers>, cute::_1>>;
+  using ScoreAtoms = cute::conditional_t<kSplitColumns, ColumnAtoms, KeyRowsAtoms>;
+  using ScoreAtomCols = cute::Int<kSplitColumns ? kBlockM / kConsumers : kBlockM>;
 
   template <class TileShape, cute::GMMA::Major kMajorA = cute::GMMA::Major::K,
             cute::GMMA::Major kMajorB = cute::GMMA::Major::K>
@@ -102,13 +112,22 @@ struct BackwardKernel {
   template <class TileShape>  // A from registers (K-major), B read with its N dimension contiguous
   using RsMma = decltype(cute::GMMA::rs_op_selector<Element, Element, float, TileShape, cute::GMMA::Major::K,
                                                     cute::GMMA::Major::MN>());
-  using TiledMmaS = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, BlockM, HeadDim>>{}, KeyRowsAtoms{}));
-  using TiledMmaDP = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, BlockM, HeadDimV>>{}, KeyRowsAtoms{}));
-  using TiledMmaDV = decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, HeadDimV, BlockM>>{}, KeyRowsAtoms{}));
-  using TiledMmaDK = decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, HeadDim, BlockM>>{}, KeyRowsAtoms{}));
+  // dV += P^T dO and dK += dS^T Q: P^T and dS^T from registers, or with kSplitColumns from shared
+  // memory (K-major: the query columns contiguous), B with its N dimension contiguous.
+  template <int kCols>
+  using DkvMma = cute::conditional_t<
+      kSplitColumns,
+      decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, cute::Int<kCols / kConsumers>, BlockM>,
+                                          cute::GMMA::Major::K, cute::GMMA::Major::MN>{},
+                                    ColumnAtoms{})),
+      decltype(cute::make_tiled_mma(RsMma<cute::Shape<BlockN, cute::Int<kCols>, BlockM>>{}, KeyRowsAtoms{}))>;
+  using TiledMmaS = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, ScoreAtomCols, HeadDim>>{}, ScoreAtoms{}));
+  using TiledMmaDP = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, ScoreAtomCols, HeadDimV>>{}, ScoreAtoms{}));
+  using TiledMmaDV = DkvMma<kHeadDimV>;
+  using TiledMmaDK = DkvMma<kHeadDim>;
   using TiledMmaDQ = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockM, cute::Int<kHeadDim / kConsumers>, BlockN>,
                                                          cute::GMMA::Major::MN, cute::GMMA::Major::MN>{},
-                                                   DqColumnAtoms{}));
+                                                   ColumnAtoms{}));
 
   // Q and dO rings, K and V: the wgmma K-major swizzled layouts, head dim contiguous as in global
   // memory. The transposed views read the same bytes with the head dim as N (MN-major B operands).
@@ -150,6 +169,8 @@ struct BackwardKernel {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
+    // P^T, laid out as dS (kSplitColumns; a placeholder otherwise)
+    cute::array_aligned<Element, kSplitColumns ? cute::cosize_v<SmemLayoutDS> : 8, 1024> pt;
     cute::array_aligned<float, kDqTileFloats, 128> dq;
     cute::array_aligned<float, kStages * kBlockM, 16> lse_log2;  // per Q stage
     cute::array_aligned<float, kStages * kBlockM, 16> delta;     // per dO stage
@@ -359,6 +380,7 @@ struct BackwardKernel {
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), SmemLayoutV{});
     Tensor sDS = make_tensor(make_smem_ptr(shared.ds.data()), SmemLayoutDS{});
     Tensor sDSt = make_tensor(make_smem_ptr(shared.ds.data()), SmemLayoutDSt{});
+    Tensor sPt = make_tensor(make_smem_ptr(shared.pt.data()), SmemLayoutDSt{});
 
     TiledMmaS mma_s;
     TiledMmaDP mma_dp;
@@ -373,6 +395,9 @@ struct BackwardKernel {
     Tensor tDPrDO = mma_dp.get_slice(warpgroup_thread).partition_fragment_B(sDO);  // (..., stage)
     Tensor tDVrDOt = mma_dv.get_slice(warpgroup_thread).partition_fragment_B(sDOt);
     Tensor tDKrQt = mma_dk.get_slice(warpgroup_thread).partition_fragment_B(sQt);
+    // P^T and dS^T as the A operands of dV and dK (kSplitColumns only)
+    Tensor tDVrPt = mma_dv.get_slice(warpgroup_thread).partition_fragment_A(sPt);
+    Tensor tDKrDSt = mma_dk.get_slice(warpgroup_thread).partition_fragment_A(sDSt);
     Tensor tDQrDS = mma_dq.get_slice(warpgroup_thread).partition_fragment_A(sDS);
     Tensor tDQrKt = mma_dq.get_slice(warpgroup_thread).partition_fragment_B(sKt);
 
@@ -381,6 +406,7 @@ struct BackwardKernel {
     // elements' places in dS^T's buffer.
     Tensor coords = thr_s.partition_C(make_identity_tensor(Shape<BlockN, BlockM>{}));
     Tensor tSsDSt = thr_s.partition_C(sDSt);
+    Tensor tSsPt = thr_s.partition_C(sPt);
 
     Tensor dv_accum = partition_fragment_C(mma_dv, Shape<BlockN, HeadDimV>{});
     Tensor dk_accum = partition_fragment_C(mma_dk, Shape<BlockN, HeadDim>{});
@@ -446,15 +472,24 @@ struct BackwardKernel {
       convert_fragment_into(s_accum, p_regs);
       Tensor ds_regs = make_tensor<Element>(accumulator_as_a_operand(dp_accum.layout()));
       convert_fragment_into(dp_accum, ds_regs);
-      warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
+      if constexpr (kSplitColumns) {
+        copy(make_tensor(p_regs.data(), s_accum.layout()), tSsPt);  // the same registers, C's layout
+      } else {
+        warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
+      }
 
-      // dS^T into shared memory for dQ; the last step's dQ GEMMs have read the buffer (kDqBarrier).
+      // dS^T (and P^T) into shared memory; the last step's GEMMs have read them (kDqBarrier).
       Tensor ds_rows = make_tensor(ds_regs.data(), dp_accum.layout());  // the same registers, C's layout
       copy(ds_rows, tSsDSt);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDsReadyBarrier);
 
-      warpgroup_gemm<false, -1>(mma_dk, ds_regs, tDKrQt(_, _, _, stage), dk_accum);
+      if constexpr (kSplitColumns) {
+        warpgroup_gemm<false, -1>(mma_dv, tDVrPt, tDVrDOt(_, _, _, stage), dv_accum);
+        warpgroup_gemm<false, -1>(mma_dk, tDKrDSt, tDKrQt(_, _, _, stage), dk_accum);
+      } else {
+        warpgroup_gemm<false, -1>(mma_dk, ds_regs, tDKrQt(_, _, _, stage), dk_accum);
+      }
       Tensor dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
       warpgroup_gemm<true, 0>(mma_dq, tDQrDS, tDQrKt, dq);
       pipeline_q.consumer_release(read);

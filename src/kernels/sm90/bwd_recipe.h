@@ -6,6 +6,13 @@
 
 namespace flashhop::sm90 {
 
+// How the two consumer warpgroups share a key tile. kKeyRows: warpgroup w owns key rows
+// [64 w, 64 w + 64) of S^T, dP^T, dV and dK (block_n = 128). kColumns: they share the 64 key rows
+// (block_n = 64); warpgroup w computes S^T and dP^T for query columns [32 w, 32 w + 32) and dV
+// and dK for head-dim columns [w dv / 2, ...) and [w d / 2, ...), with P^T and dS^T passed through
+// shared memory: it halves the dK and dV accumulators of large head dims.
+enum class DkvSplit { kKeyRows, kColumns };
+
 // Field order is the generated table's (tools/generate_instantiations.py checks it).
 struct BackwardRecipe {
   const char* name;  // "hdim<d>[x<dv>]_<mask>"
@@ -13,10 +20,11 @@ struct BackwardRecipe {
   int head_dim_v;    // dv of V, O, dO and dV
   MaskKind mask;
   int block_m;       // query rows per step of the walk over query tiles
-  int block_n;       // key rows per CTA: 64 per consumer warpgroup
+  int block_n;       // key rows per CTA: 128 with kKeyRows, 64 with kColumns
   int stages;        // depth of the Q and dO shared-memory rings
+  DkvSplit split;
 
-  constexpr int consumer_warpgroups() const { return block_n / 64; }
+  static constexpr int consumer_warpgroups() { return 2; }
   constexpr bool local() const { return mask == MaskKind::kLocal; }
 };
 

@@ -8,19 +8,23 @@ namespace flashhop::sm90 {
 
 inline constexpr BackwardRecipe kBackwardRecipes[] = {
     // hdim64_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim64_nomask", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2},
+    {/*name=*/"hdim64_nomask", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim64_local: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim64_local", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2},
+    {/*name=*/"hdim64_local", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim96_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim96_nomask", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2},
+    {/*name=*/"hdim96_nomask", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim96_local: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim96_local", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2},
+    {/*name=*/"hdim96_local", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim128_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim128_nomask", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2},
+    {/*name=*/"hdim128_nomask", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim128_local: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim128_local", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2},
+    {/*name=*/"hdim128_local", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
+    // hdim256_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ; one Q and dO stage (two would pass 227 KB)
+    {/*name=*/"hdim256_nomask", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns},
+    // hdim256_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ; one Q and dO stage (two would pass 227 KB)
+    {/*name=*/"hdim256_local", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns},
 };
-inline constexpr int kNumBackwardRecipes = 6;
+inline constexpr int kNumBackwardRecipes = 8;
 
 // Indices into kBackwardRecipes, by recipe name.
 namespace backward_recipe {
@@ -30,6 +34,8 @@ inline constexpr int hdim96_nomask = 2;
 inline constexpr int hdim96_local = 3;
 inline constexpr int hdim128_nomask = 4;
 inline constexpr int hdim128_local = 5;
+inline constexpr int hdim256_nomask = 6;
+inline constexpr int hdim256_local = 7;
 }  // namespace backward_recipe
 
 }  // namespace flashhop::sm90
