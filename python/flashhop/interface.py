@@ -31,8 +31,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     library choose (it packs when that fills the query tiles better), True always packs,
     False never does; the result is the same attention either way.
     deterministic: the backward accumulates dq in a fixed order, so that repeated backward calls are
-    bitwise identical (dk and dv always are); differentiable through torch.ops.flashhop.bwd for head
-    dims 64, 96, 128 and 256.
+    bitwise identical (dk and dv always are); differentiable through torch.ops.flashhop.bwd.
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
