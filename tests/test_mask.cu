@@ -1,4 +1,5 @@
-// Host tests of the masks' key-tile ranges (mask.h): which key tile a query tile's walk starts on.
+// Host tests of the masks' tile ranges (mask.h): which key tile a query tile's walk starts on, and
+// for the backward which query tiles a key tile visits and which tiles need no per-element mask.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,6 +76,43 @@ TEST(KeyBlocks, UnmaskedWalkStartsOnTheLastTileWhenItIsWhole) {
   EXPECT_EQ((NoMask{512, 512}.key_blocks<kBlockN>(0, 127).first()), 3);
   EXPECT_EQ((NoMask{512, 500}.key_blocks<kBlockN>(0, 127).first()), 2);  // the last tile has 116 keys
   EXPECT_EQ((NoMask{512, 100}.key_blocks<kBlockN>(0, 127).first()), 0);  // one partial tile
+}
+
+// The backward's questions, against every query and key: which query tiles of 64 rows see one of
+// a key tile's keys (query_blocks), and whether all of a tile's queries see all of its keys
+// (sees_whole_tile, on the unclipped band: keys past seqlen_k count as seen).
+TEST(QueryBlocks, MatchVisibilityQueryByQuery) {
+  constexpr int kRows = 64, kKeys = 64;
+  int whole_tiles = 0, partial_tiles = 0;
+  for (auto [seqlen_q, seqlen_k] : {std::tuple{300, 300}, std::tuple{130, 700}, std::tuple{700, 130},
+                                    std::tuple{1, 257}, std::tuple{2049, 2049}}) {
+    for (auto [left, right] : {std::tuple{seqlen_k, 0}, std::tuple{61, 17}, std::tuple{0, 0}, std::tuple{200, 90},
+                               std::tuple{seqlen_k, seqlen_q}}) {
+      LocalMask const mask{seqlen_q, seqlen_k, std::min(left, seqlen_k), std::min(right, seqlen_q)};
+      SCOPED_TRACE(::testing::Message() << "seqlen_q " << seqlen_q << ", seqlen_k " << seqlen_k << ", window "
+                                        << mask.window_left << ", " << mask.window_right);
+      for (int first_key = 0; first_key < seqlen_k; first_key += kKeys) {
+        int const last_key = std::min(first_key + kKeys, seqlen_k) - 1;
+        flashhop::sm90::QueryBlocks const blocks = mask.query_blocks<kRows>(first_key, last_key);
+        for (int m = 0; m * kRows < seqlen_q; ++m) {
+          bool sees_one = false, sees_all = true;
+          for (int query = m * kRows; query < m * kRows + kRows; ++query) {
+            for (int key = first_key; key < first_key + kKeys; ++key) {
+              bool const seen = key >= mask.band_begin(query) && key < mask.band_end(query);
+              sees_all = sees_all && seen;
+              sees_one = sees_one || (seen && query < seqlen_q && key <= last_key);
+            }
+          }
+          EXPECT_EQ(m >= blocks.begin && m < blocks.end, sees_one) << "query tile " << m << ", keys " << first_key;
+          EXPECT_EQ(mask.sees_whole_tile(m * kRows, kRows, first_key, kKeys), sees_all)
+              << "query tile " << m << ", keys " << first_key;
+          (sees_all ? whole_tiles : partial_tiles) += sees_one;
+        }
+      }
+    }
+  }
+  EXPECT_GT(whole_tiles, 100);
+  EXPECT_GT(partial_tiles, 100);
 }
 
 }  // namespace

@@ -11,12 +11,12 @@
 //                  dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
 //                and, once both warpgroups' dS^T are in shared memory, its half of the columns of
 //                  dQ = dS K                                      (wgmma, both operands in smem)
-//                With DkvSplit::kColumns (large head dims) the warpgroups share 64 key rows: w
-//                computes S^T and dP^T for half of the query columns, and, from P^T and dS^T in
-//                shared memory, half of the columns of dV, dK and dQ.
 //                which it adds into the fp32 accumulator in global memory by a bulk reduction
 //                (in n_block order under a semaphore with `deterministic`). dK and dV sum over the
-//                KV group's query heads in registers: no atomics, the same order in every call;
+//                KV group's query heads in registers: no atomics, the same order in every call.
+//                With DkvSplit::kColumns (large head dims) the warpgroups share 64 key rows: w
+//                computes S^T and dP^T for half of the query columns, and, from P^T and dS^T in
+//                shared memory, half of the columns of dV, dK and dQ;
 //   postprocess  dQ = softmax_scale * accumulator, converted to the element type.
 //
 // A producer warp loads Q with its LSE and dO with its D into rings of kStages stages (TMA, bulk
