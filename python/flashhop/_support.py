@@ -4,10 +4,9 @@ authority on every argument; these are the facts that decide a fallback."""
 import torch
 
 DTYPES = (torch.float16, torch.bfloat16)
-# (head_dim, head_dim_v) of the forward kernels, and the head dims (with head_dim_v = head_dim) of
-# the backward's.
+# (head_dim, head_dim_v) of the forward kernels and of the backward's.
 HEAD_DIMS = {(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)}
-BACKWARD_HEAD_DIMS = {64, 96, 128}
+BACKWARD_HEAD_DIMS = {(64, 64), (96, 96), (128, 128), (256, 256)}
 
 
 def unsupported_reason(q, k, v):
@@ -29,6 +28,6 @@ def unsupported_reason(q, k, v):
     if k.shape[-1] != q.shape[-1] or head_dims not in HEAD_DIMS:
         return f"head dims {head_dims}"
     needs_gradients = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    if needs_gradients and (head_dims[0] not in BACKWARD_HEAD_DIMS or head_dims[0] != head_dims[1]):
+    if needs_gradients and head_dims not in BACKWARD_HEAD_DIMS:
         return f"gradients at head dims {head_dims}"
     return None
