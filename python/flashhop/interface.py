@@ -90,8 +90,8 @@ def sdpa_override():
     flashhop computes through scaled_dot_product_attention above, and passes every other call on,
     unchanged, to the function it replaced. flashhop takes 4-D CUDA float16 / bfloat16 inputs with
     the head dims flash_attn_func lists, no attn_mask, dropout_p = 0, any is_causal, scale and
-    enable_gqa. The replaced function comes back on exit,
-    on an exception too; blocks nest. The replacement is of the module attribute, process-wide:
+    enable_gqa. The replaced function comes back on exit, on an exception too; blocks nest. The
+    replacement is of the module attribute, process-wide:
     other threads see it while the block runs, and code that bound the function to a name of its
     own before the block (`from torch.nn.functional import scaled_dot_product_attention`) keeps
     calling torch's."""
