@@ -125,3 +125,45 @@ def test_cuda_graph_replay_matches_eager():
         expected_out, expected_lse = flashhop.flash_attn_func(*inputs, causal=True, return_attn_probs=True)
         assert torch.equal(out, expected_out)
         assert torch.equal(lse, expected_lse)
+
+
+@requires_hopper
+def test_cuda_graph_of_forward_and_backward_matches_eager():
+    """A training step's attention, forward and backward, captured as one CUDA graph (the gradients
+    allocated inside the capture, as torch.cuda.graph's whole-network example does) and replayed on
+    fresh inputs: bitwise the eager results, with the deterministic backward."""
+    shape = (2, 300, 333, 8, 2, 64)
+    static = [t.requires_grad_() for t in random_qkv(*shape)]
+    static_dout = torch.randn(2, 300, 8, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step(inputs, dout):
+        out = flashhop.flash_attn_func(*inputs, causal=True, deterministic=True)
+        out.backward(dout)
+        return out
+
+    skip_unless_built(step, static, static_dout)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for t in static:
+                t.grad = None
+            step(static, static_dout)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in static:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step(static, static_dout)
+
+    for _ in range(2):
+        fresh, fresh_dout = random_qkv(*shape), torch.randn_like(static_dout)
+        with torch.no_grad():
+            for s, f in zip(static, fresh):
+                s.copy_(f)
+        static_dout.copy_(fresh_dout)
+        graph.replay()
+        eager = [f.requires_grad_() for f in fresh]
+        assert torch.equal(static_out, step(eager, fresh_dout))
+        for s, e in zip(static, eager):
+            assert torch.equal(s.grad, e.grad)
