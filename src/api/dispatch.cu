@@ -78,6 +78,14 @@ Status launch_forward(const ForwardPlan& plan, cudaStream_t stream) {
   return launch_planned(kForwardKernels, "forward", plan, stream);
 }
 
+bool varlen_forward_kernels_compiled() { return false; }
+
+Status launch_varlen_forward(const ForwardPlan& plan, cudaStream_t stream) {
+  (void)plan;
+  (void)stream;
+  return {StatusCode::kNotSupported, "variable-length forward kernels are not compiled into this build"};
+}
+
 bool backward_kernel_compiled(DType dtype, int recipe) {
   return launcher_of(kBackwardKernels, dtype, recipe) != nullptr;
 }
