@@ -715,7 +715,9 @@ TEST(TensorDesc, MakeContiguousKeepsStridesPositiveForEmptyDims) {
 TEST(TensorDesc, MakeContiguousRecordsRankBeyondMax) {
   const TensorDesc desc = flashhop::make_contiguous(nullptr, DType::kBFloat16, {1, 2, 3, 4, 5});
   EXPECT_EQ(desc.rank, 5);
-  const Status status = flashhop::validate_forward({desc, desc, desc, desc, std::nullopt, std::nullopt, false});
+  ForwardArgs args;
+  args.q = args.k = args.v = args.o = desc;
+  const Status status = flashhop::validate_forward(args);
   EXPECT_EQ(status.code, StatusCode::kInvalidArgument);
   EXPECT_NE(status.message.find("q.rank = 5"), std::string::npos) << status.message;
 }

@@ -1,7 +1,7 @@
 """The public functions: FlashAttention-3's `flash_attn_func` and `flash_attn_varlen_func` (its API
 only: no kernels yet), a drop-in for torch.nn.functional.scaled_dot_product_attention, and
-`sdpa_override`, which routes torch's own function to it. Arguments that the kernels do not support yet raise NotImplementedError, never get
-ignored."""
+`sdpa_override`, which routes torch's own function to it. Arguments that the kernels do not
+support yet raise NotImplementedError, never get ignored."""
 import contextlib
 
 import torch

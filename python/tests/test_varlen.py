@@ -119,6 +119,41 @@ def test_traced_through_the_fake_implementation():
     assert out.shape == (10, 8, 64) and lse.shape == (8, 10)
 
 
+def test_c_api_struct_carries_the_varlen_fields():
+    """The ctypes struct lays the appended fields out as flashhop_forward_args_t does: the library,
+    which validates host descriptors without a device, reads this call's sequences and bounds (the
+    tile list's size: a 16-byte header and 16 bytes for each of 3 sequences x 1 tile x 8 heads) and
+    answers forward with the missing kernels."""
+    import ctypes
+
+    from flashhop import _c_api
+    q, k, v, cu_q, cu_k = _packed([20, 30, 50], [100, 100, 100], device="cpu")
+    out = torch.empty_like(q)
+    lse = torch.empty(8, 100, dtype=torch.float32)
+    seqused_k = torch.tensor([100, 50, 1], dtype=torch.int32)
+
+    def describe(tensor):  # as _c_api._describe, on device 0 for the host tensors
+        desc = _c_api._Tensor(data=tensor.data_ptr(), dtype=_c_api._DTYPES[tensor.dtype], rank=tensor.dim(),
+                              device=0)
+        for d in range(tensor.dim()):
+            desc.shape[d], desc.stride[d] = tensor.shape[d], tensor.stride(d)
+        return desc
+
+    pointers = {name: ctypes.pointer(describe(t)) for name, t in
+                (("lse", lse), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k), ("seqused_k", seqused_k))}
+    args = _c_api._ForwardArgs(q=describe(q), k=describe(k), v=describe(v), o=describe(out), max_seqlen_q=50,
+                               max_seqlen_k=100, **pointers)
+    size = ctypes.c_size_t()
+    _c_api._check(_c_api._library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(size)))
+    assert size.value == 16 + 3 * 8 * 16
+    with pytest.raises(NotImplementedError,
+                       match="^flashhop: variable-length forward kernels are not compiled into this build$"):
+        _c_api._check(_c_api._library.flashhop_forward(ctypes.byref(args), None, 0, None))
+    args.max_seqlen_k = 0
+    with pytest.raises(ValueError, match="max_seqlen_k = 0: expected >= 1 with cu_seqlens_k"):
+        _c_api._check(_c_api._library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(size)))
+
+
 # ---- against flash_attn_func, on a Hopper GPU ----------------------------------------------------
 
 def _per_sequence_reference(q, k, v, cu_q, cu_k, seqused_q=None, seqused_k=None, **options):
@@ -132,8 +167,9 @@ def _per_sequence_reference(q, k, v, cu_q, cu_k, seqused_q=None, seqused_k=None,
         used_k = int(cu_k[b + 1]) - start_k if seqused_k is None else int(seqused_k[b])
         rows = slice(start_q, start_q + used_q)
         keys = slice(start_k, start_k + used_k)
-        o, l = flashhop.flash_attn_func(q[None, rows], k[None, keys], v[None, keys], return_attn_probs=True, **options)
-        out[rows], lse[:, rows] = o[0], l[0]
+        o, o_lse = flashhop.flash_attn_func(q[None, rows], k[None, keys], v[None, keys], return_attn_probs=True,
+                                            **options)
+        out[rows], lse[:, rows] = o[0], o_lse[0]
     return out, lse
 
 
