@@ -100,13 +100,14 @@ struct ForwardArgs {
 
   // Variable-length batches (the layout above). cu_seqlens_q and cu_seqlens_k: both or neither;
   // contiguous int32 (batch + 1) on q's device, the cumulative sequence lengths (entry 0 usually 0,
-  // non-decreasing, the last at most total_q / total_k). seqused_q / seqused_k: only with them,
+  // non-decreasing, none past total_q, respectively total_k). seqused_q / seqused_k: only with them,
   // contiguous int32 (batch), how many rows of each sequence's slot are used. max_seqlen_q and
   // max_seqlen_k: with cu_seqlens, bounds >= 1 on every sequence's length (FlashAttention-3's
   // max_seqlen; the kernels' grid is sized by them); without, 0.
   // The library cannot read device memory while it validates: it checks these tensors' descriptors
-  // only. The kernels treat the values defensively: offsets clamped to [0, total], a decreasing pair
-  // as an empty sequence, seqused clamped to the slot, lengths past max_seqlen cut at max_seqlen.
+  // only. The kernels (not written yet) must treat the values defensively: offsets clamped to
+  // [0, total], a decreasing pair as an empty sequence, seqused clamped to the slot, lengths past
+  // max_seqlen cut at max_seqlen.
   std::optional<TensorDesc> cu_seqlens_q, cu_seqlens_k;
   std::optional<TensorDesc> seqused_q, seqused_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
