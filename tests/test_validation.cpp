@@ -1032,13 +1032,15 @@ TEST(VarlenPlan, TileBoundWorkspaceAndStrides) {
   EXPECT_EQ(varlen.seqused_q, args.seqused_q->data);
   EXPECT_EQ(varlen.seqused_k, args.seqused_k->data);
 
+  // The unpacked, unmasked recipe of the head dims with a variable-length kernel.
   const flashhop::sm90::ForwardRecipe& recipe = plan.recipe_of();
   EXPECT_EQ(recipe.head_dim, 128);
-  const std::int64_t heads = recipe.pack_gqa ? 2 : 8;
-  const std::int64_t rows = recipe.pack_gqa ? 50 * 4 : 50;
-  EXPECT_EQ(varlen.num_tiles_bound, 3 * ((rows + recipe.block_m - 1) / recipe.block_m) * heads);
-  // 3 sequences x ceil(50 / 64) x 8 heads entries of 16 bytes, after the 16-byte header.
-  EXPECT_EQ(varlen.workspace_bytes, 16u + 3u * 1u * 8u * 16u);
+  EXPECT_TRUE(recipe.varlen);
+  EXPECT_FALSE(recipe.pack_gqa);
+  EXPECT_FALSE(recipe.local());
+  EXPECT_EQ(varlen.num_tiles_bound, 3 * ((50 + recipe.block_m - 1) / recipe.block_m) * 8);
+  // The tile list: a 16-byte header, then 3 ints per sequence and one more.
+  EXPECT_EQ(varlen.workspace_bytes, 16u + (3u * 3u + 1u) * 4u);
   EXPECT_EQ(plan.workspace_bytes, varlen.workspace_bytes);
 
   const flashhop::sm90::ForwardParams& p = plan.params;
@@ -1084,7 +1086,7 @@ TEST(VarlenPlan, BoundsCutAtTheTotalsAndNoRowsNoWorkspace) {
   flashhop::detail::ForwardPlan plan = flashhop::detail::plan_forward(args, {});
   EXPECT_EQ(plan.varlen->max_seqlen_q, 100);
   EXPECT_EQ(plan.varlen->max_seqlen_k, 300);
-  EXPECT_EQ(plan.varlen->workspace_bytes, 16u + 3u * 2u * 8u * 16u);  // ceil(100 / 64) = 2 tiles a sequence
+  EXPECT_EQ(plan.varlen->num_tiles_bound, 3 * ((100 + plan.recipe_of().block_m - 1) / plan.recipe_of().block_m) * 8);
 
   set_total_q(args, 0);
   plan = flashhop::detail::plan_forward(args, {});
@@ -1111,20 +1113,34 @@ TEST(VarlenPlan, MaskedCallsTakeLocalRecipes) {
 
 TEST(VarlenPlan, FixedLengthCallsHaveNone) { EXPECT_FALSE(flashhop::detail::plan_forward(valid_args(), {}).varlen); }
 
-// Until its kernels exist, a valid variable-length call is answered with exactly this, before the
-// workspace or the device is looked at.
-TEST(VarlenDispatch, ForwardSaysTheKernelsAreNotCompiled) {
-  const ForwardArgs args = valid_varlen_args();
-  for (std::size_t workspace_bytes : {std::size_t{0}, std::size_t{1} << 20}) {
-    void* workspace = workspace_bytes ? reinterpret_cast<void*>(std::uintptr_t{0x7f3000000000}) : nullptr;
-    const Status status = flashhop::forward(args, workspace, workspace_bytes, nullptr);
-    EXPECT_EQ(status.code, StatusCode::kNotSupported);
-    EXPECT_EQ(status.message, "variable-length forward kernels are not compiled into this build");
+// Every mask kind and head dim plans a recipe with a variable-length kernel; where the build left
+// that kernel out, a valid call is answered so, naming it, before the workspace or the device is
+// looked at.
+TEST(VarlenDispatch, PlansRecipesWithVariableLengthKernels) {
+  for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}}) {
+    for (bool causal : {false, true}) {
+      ForwardArgs args = valid_varlen_args();
+      using flashhop::make_contiguous;
+      args.q = make_contiguous(args.q.data, DType::kBFloat16, {100, 8, d});
+      args.k = make_contiguous(args.k.data, DType::kBFloat16, {300, 2, d});
+      args.v = make_contiguous(args.v.data, DType::kBFloat16, {300, 2, dv});
+      args.o = make_contiguous(args.o.data, DType::kBFloat16, {100, 8, dv});
+      args.causal = causal;
+      ASSERT_TRUE(flashhop::validate_forward(args).ok()) << d << "x" << dv;
+      const flashhop::detail::ForwardPlan plan = flashhop::detail::plan_forward(args, {});
+      const flashhop::sm90::ForwardRecipe& recipe = plan.recipe_of();
+      EXPECT_TRUE(recipe.varlen) << recipe.name;
+      EXPECT_EQ(recipe.head_dim, d);
+      EXPECT_EQ(recipe.head_dim_v, dv);
+      EXPECT_EQ(recipe.local(), causal);
+      if (flashhop::detail::varlen_forward_kernel_compiled(plan.dtype, plan.recipe)) continue;
+      const Status status = flashhop::forward(args, nullptr, 0, nullptr);
+      EXPECT_EQ(status.code, StatusCode::kNotSupported);
+      EXPECT_EQ(status.message, std::string("variable-length forward kernel for dtype bfloat16 and head_dim ") +
+                                    std::to_string(d) + ", head_dim_v " + std::to_string(dv) + " (" + recipe.name +
+                                    ") is not compiled into this build (see FLASHHOP_DTYPES and FLASHHOP_HEAD_DIMS)");
+    }
   }
-  EXPECT_FALSE(flashhop::detail::varlen_forward_kernels_compiled());
-  const Status launch = flashhop::detail::launch_varlen_forward(flashhop::detail::plan_forward(args, {}), nullptr);
-  EXPECT_EQ(launch.code, StatusCode::kNotSupported);
-  EXPECT_EQ(launch.message, "variable-length forward kernels are not compiled into this build");
 }
 
 // ---- backward ----------------------------------------------------------------------------------

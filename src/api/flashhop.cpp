@@ -193,7 +193,9 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   const detail::ScopedRange range("forward", plan);
   // A variable-length batch without kernels for it: said before any device check, as what this
   // build lacks, not what the device does.
-  if (plan.varlen && !detail::varlen_forward_kernels_compiled()) return detail::launch_varlen_forward(plan, stream);
+  if (plan.varlen && !detail::varlen_forward_kernel_compiled(plan.dtype, plan.recipe)) {
+    return detail::launch_varlen_forward(plan, stream);
+  }
 
   const std::size_t required = plan.workspace_bytes;
   if (Status status = check_workspace(workspace, workspace_bytes, required, "forward_workspace_size"); !status.ok()) {

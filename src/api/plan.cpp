@@ -144,7 +144,8 @@ TensorDesc as_one_batch(const TensorDesc& t) {
 const int* int_data(const std::optional<TensorDesc>& t) { return t ? static_cast<const int*>(t->data) : nullptr; }
 
 // The plan of a variable-length call: as a fixed-length call of `batch` sequences of the bounds'
-// lengths for the recipe, and the sequences' tile bound and tile list.
+// lengths for the mask kind, whose recipe of unpacked rows with the default tile choice has the
+// variable-length kernel (ForwardRecipe::varlen); and the sequences' tile bound and tile list.
 ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& device) {
   ForwardArgs as_fixed = args;
   as_fixed.q = as_one_batch(args.q);
@@ -173,7 +174,17 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
     as_fixed.lse->shape[2] = varlen.max_seqlen_q;
   }
   as_fixed.max_seqlen_q = as_fixed.max_seqlen_k = 0;
+  as_fixed.pack_gqa = PackGqa::kOff;
   ForwardPlan plan = plan_forward(as_fixed, device);
+  const bool local = plan.recipe_of().local();
+  for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
+    const sm90::ForwardRecipe& r = kForwardRecipes[i];
+    if (r.varlen && r.head_dim == plan.recipe_of().head_dim && r.head_dim_v == plan.recipe_of().head_dim_v &&
+        r.local() == local) {
+      plan.recipe = i;
+      break;
+    }
+  }
   // The strides of the packed tensors as they are (the bounds' lengths above may make a row
   // dimension look like size 1, whose stride the fixed-length plan replaces); batch strides 0:
   // sequence b starts at row cu_seqlens[b], not at a multiple of a batch stride.
@@ -188,15 +199,18 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   packed_strides(args.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   if (args.lse) packed_strides(*args.lse, p.lse_batch_stride, p.lse_head_stride, p.lse_row_stride);
 
+  p.cu_seqlens_q = varlen.cu_seqlens_q;
+  p.cu_seqlens_k = varlen.cu_seqlens_k;
+  p.seqused_q = varlen.seqused_q;
+  p.seqused_k = varlen.seqused_k;
+  p.total_q = static_cast<int>(varlen.total_q);
+  p.total_k = static_cast<int>(varlen.total_k);
+
   const sm90::ForwardRecipe& recipe = plan.recipe_of();
   const std::int64_t rows = sm90::tile_rows_per_head(p.seqlen_q, p.nheads, p.nheads_kv, recipe.pack_gqa);
   varlen.num_tiles_bound = (rows + recipe.block_m - 1) / recipe.block_m *
                            sm90::tile_heads_of(p.nheads, p.nheads_kv, recipe.pack_gqa) * varlen.batch;
-  const std::int64_t list_tiles =
-      (std::int64_t{varlen.max_seqlen_q} + sm90::kSmallestBlockM - 1) / sm90::kSmallestBlockM * p.nheads * varlen.batch;
-  varlen.workspace_bytes =
-      list_tiles == 0 ? 0
-                      : VarlenPlan::kTileListHeaderBytes + static_cast<std::size_t>(list_tiles) * VarlenPlan::kTileEntryBytes;
+  varlen.workspace_bytes = varlen.num_tiles_bound == 0 ? 0 : sm90::VarlenTileList::bytes(varlen.batch);
   plan.workspace_bytes = varlen.workspace_bytes;
   plan.varlen = varlen;
   return plan;

@@ -23,20 +23,12 @@ struct DeviceFacts {
   std::int64_t l2_bytes = 0;
 };
 
-// The variable-length part of a forward plan (cu_seqlens; flashhop.h's packed layout). The kernels
-// that will run it are not written yet: this is what the host knows for them. params then hold the
-// batch, max_seqlen_q / max_seqlen_k as seqlen_q / seqlen_k, the row and head strides of the packed
-// tensors (batch strides 0: sequence b starts at row cu_seqlens[b]), the recipe chosen as for
-// sequences of those lengths and the band of the longest sequences; each sequence's own lengths and
-// band come from the device at run time.
+// The variable-length part of a forward plan (cu_seqlens; flashhop.h's packed layout). params then
+// hold the batch, max_seqlen_q / max_seqlen_k as seqlen_q / seqlen_k, the row and head strides of
+// the packed tensors (batch strides 0: sequence b starts at row cu_seqlens[b]), the band of the
+// longest sequences and the cu_seqlens / seqused pointers; each sequence's own lengths and band
+// come from the device at run time (varlen.h).
 struct VarlenPlan {
-  // A tile list entry: int4 {sequence, query tile within it, head (KV head with packed GQA), key
-  // tiles it visits}; a prologue kernel would fill the list from cu_seqlens / seqused, sorted
-  // longest first, and the persistent CTAs take entries from it through the header's counter.
-  static constexpr std::size_t kTileEntryBytes = 16;
-  // The header: the queue counter and the number of entries written (ints), padded to 16 bytes.
-  static constexpr std::size_t kTileListHeaderBytes = 16;
-
   int batch = 0;                           // cu_seqlens_q.shape[0] - 1
   std::int64_t total_q = 0, total_k = 0;   // q.shape[0], k.shape[0]
   int max_seqlen_q = 0, max_seqlen_k = 0;  // the caller's bounds, cut at total_q and total_k
@@ -44,12 +36,10 @@ struct VarlenPlan {
   const int* cu_seqlens_k = nullptr;
   const int* seqused_q = nullptr;          // device (batch); null where not given
   const int* seqused_k = nullptr;
-  // Query tiles of the planned recipe, bounded: batch * ceil(max_seqlen_q / block_m) * nheads (with
-  // packed GQA, ceil(max_seqlen_q * nheads / nheads_kv / block_m) * nheads_kv); the grid's bound.
+  // Query tiles of the planned recipe, bounded: batch * ceil(max_seqlen_q / block_m) * nheads;
+  // the grid's bound.
   std::int64_t num_tiles_bound = 0;
-  // The tile list: the header and one entry for each of batch * ceil(max_seqlen_q / 64) * nheads
-  // tiles, the bound for every recipe (block_m >= 64; packing makes no more tiles); 0 without
-  // query rows.
+  // The tile list (sm90::VarlenTileList); 0 without query rows.
   std::size_t workspace_bytes = 0;
 };
 
