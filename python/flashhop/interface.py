@@ -1,7 +1,7 @@
-"""The public functions: FlashAttention-3's `flash_attn_func`, a drop-in for
-torch.nn.functional.scaled_dot_product_attention, and `sdpa_override`, which routes torch's own
-function to it. Arguments that the kernels do not support yet raise NotImplementedError, never get
-ignored."""
+"""The public functions: FlashAttention-3's `flash_attn_func` and `flash_attn_varlen_func` (its API
+only: no kernels yet), a drop-in for torch.nn.functional.scaled_dot_product_attention, and
+`sdpa_override`, which routes torch's own function to it. Arguments that the kernels do not
+support yet raise NotImplementedError, never get ignored."""
 import contextlib
 
 import torch
@@ -36,16 +36,61 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
     """
+    window_left, window_right = _window(window_size, causal)
+    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                                              pack_gqa, deterministic)
+    return (out, softmax_lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           pack_gqa=None, deterministic=False, return_attn_probs=False):
+    """Exact attention over a packed batch of sequences of different lengths, as
+    FlashAttention-3's function of this name. This build has its API but no kernels for it: a valid
+    call raises NotImplementedError ("variable-length forward kernels are not compiled into this
+    build") after the library has checked it.
+
+    q: (total_q, nheads, head_dim); k: (total_k, nheads_kv, head_dim); v: (total_k, nheads_kv,
+    head_dim_v); dtypes, head dims and strides as flash_attn_func's.
+    cu_seqlens_q, cu_seqlens_k: int32 (batch + 1) CUDA tensors; sequence b is rows
+    cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v.
+    max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's length (0 for a batch of empty
+    sequences).
+    seqused_q, seqused_k: None, or int32 (batch) CUDA tensors: only the first seqused[b] rows of
+    sequence b's slot are used.
+    softmax_scale, causal, window_size, softcap, pack_gqa: as flash_attn_func's, each sequence's mask
+    aligned to its own bottom-right corner. deterministic: for the backward, which the
+    variable-length path does not have yet.
+    Returns out (total_q, nheads, head_dim_v), and with return_attn_probs also softmax_lse (nheads,
+    total_q) in float32, as FlashAttention-3 does.
+    """
+    window_left, window_right = _window(window_size, causal)
+    for name, tensor in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"flashhop: {name} = {tensor!r}: expected an int32 tensor of batch + 1 offsets")
+    for name, tensor in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"flashhop: {name} = {tensor!r}: expected None or an int32 tensor of batch lengths")
+    bounds = []
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"flashhop: {name} = {value!r}: expected an int >= 0, the longest sequence's length")
+        # The library takes a bound >= 1; 0 (every sequence empty) is bounded by 1 as well.
+        bounds.append(max(value, 1))
+    out, softmax_lse = torch.ops.flashhop.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                                     *bounds, softmax_scale, causal, window_left, window_right,
+                                                     softcap, pack_gqa)
+    return (out, softmax_lse) if return_attn_probs else out
+
+
+def _window(window_size, causal):
+    """(window_left, window_right) from FlashAttention's window_size; causal sets the right side to 0,
+    as FlashAttention-3 does (the library itself rejects causal with a window to the right)."""
     window_size = tuple(window_size)
     if len(window_size) != 2:
         raise ValueError(f"flashhop: window_size = {window_size}: expected (left, right)")
     window_left, window_right = window_size
-    if causal:
-        # As FlashAttention-3 does; the library itself rejects causal with a window to the right.
-        window_right = 0
-    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                                              pack_gqa, deterministic)
-    return (out, softmax_lse) if return_attn_probs else out
+    return window_left, 0 if causal else window_right
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

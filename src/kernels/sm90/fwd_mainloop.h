@@ -25,13 +25,23 @@ namespace flashhop::sm90 {
 // softcap_per_kernel; launch_forward picks by the call's softcap).
 enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
 
+// The first rows of a tile's sequence in the packed Q and K / V of a variable-length batch (0 for
+// fixed-length batches, whose TMA coordinates name the batch entry instead).
+struct RowOffsets {
+  int q = 0, k = 0;
+};
+
 // kRecipe_: an index into kForwardRecipes (fwd_recipes.h), which fixes every choice below.
-template <class Element_, int kRecipe_, SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime>
+// kVarlen_: for variable-length batches (varlen.h): TMA over the packed tensors, offset per tile.
+template <class Element_, int kRecipe_, SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime,
+          bool kVarlen_ = false>
 struct ForwardMainloop {
   static constexpr ForwardRecipe kRecipe = kForwardRecipes[kRecipe_];
   using Element = Element_;
   using Mask = cute::conditional_t<kRecipe.local(), LocalMask, NoMask>;
   static constexpr bool kPackGqa = kRecipe.pack_gqa;
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!(kVarlen && kPackGqa), "variable-length batches have no packed-row kernels");
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kRecipe.head_dim;
   static constexpr int kHeadDimV = kRecipe.head_dim_v;
@@ -170,8 +180,9 @@ struct ForwardMainloop {
     TmaQ tma_q;  // unpacked Q
     TmaK tma_k;
     TmaV tma_v;
+    // The TMA extents: for variable-length batches the packed tensors' rows and a batch of one.
     int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
-    Rows rows;
+    Rows rows;  // of a fixed-length batch
     // Packed Q, gathered row by row: (batch, seqlen_q, nheads, d) with these strides.
     Element const* q;
     int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -187,15 +198,18 @@ struct ForwardMainloop {
     using namespace cute;
     // TMA descriptors need non-empty extents and a non-null address; with seqlen_k == 0 no key tile
     // is ever loaded (n_block_end is 0), so K and V borrow Q's address and a length of one.
-    bool const no_keys = p.seqlen_k == 0;
-    auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch) {
-      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, p.batch),
-                         make_stride(row, _1{}, head, batch));
+    int const batch = kVarlen ? 1 : p.batch;
+    int const seqlen_q = kVarlen ? p.total_q : p.seqlen_q;
+    int const seqlen_k = kVarlen ? p.total_k : p.seqlen_k;
+    bool const no_keys = seqlen_k == 0;
+    auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch_stride) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, batch),
+                         make_stride(row, _1{}, head, batch_stride));
     };
-    auto mQ = gmem(p.q, HeadDim{}, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-    auto mK = gmem(no_keys ? p.q : p.k, HeadDim{}, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.k_row_stride,
+    auto mQ = gmem(p.q, HeadDim{}, seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mK = gmem(no_keys ? p.q : p.k, HeadDim{}, no_keys ? 1 : seqlen_k, p.nheads_kv, p.k_row_stride,
                    p.k_head_stride, p.k_batch_stride);
-    auto mV = gmem(no_keys ? p.q : p.v, HeadDimV{}, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.v_row_stride,
+    auto mV = gmem(no_keys ? p.q : p.v, HeadDimV{}, no_keys ? 1 : seqlen_k, p.nheads_kv, p.v_row_stride,
                    p.v_head_stride, p.v_batch_stride);
     float constexpr kLog2e = 1.4426950408889634f;
     bool const softcap = p.softcap > 0.f;
@@ -203,11 +217,11 @@ struct ForwardMainloop {
     return {make_tma_copy(SM90_TMA_LOAD{}, mQ, SmemLayoutQ{}, Shape<BlockM, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(SmemLayoutK{}), Shape<BlockN, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(SmemLayoutV{}), Shape<BlockN, HeadDimV>{}, _1{}),
-            p.seqlen_q,
-            p.seqlen_k,
+            seqlen_q,
+            seqlen_k,
             p.nheads,
             p.nheads_kv,
-            p.batch,
+            batch,
             Rows::make(p.seqlen_q, p.nheads, p.nheads_kv),
             static_cast<Element const*>(p.q),
             p.q_batch_stride,
@@ -245,16 +259,35 @@ struct ForwardMainloop {
   static CUTLASS_DEVICE bool rows_past_end(Params const& params, int m_block, int consumer) {
     return rows_in_warpgroup(params, m_block, consumer) <= 0;
   }
+  // The same for a variable-length batch's sequence of `rows` queries.
+  static CUTLASS_DEVICE int rows_in_warpgroup(int rows, int m_block, int consumer) {
+    return rows - (m_block * kBlockM + consumer * 64);
+  }
+  static CUTLASS_DEVICE bool rows_past_end(int rows, int m_block, int consumer) {
+    return rows_in_warpgroup(rows, m_block, consumer) <= 0;
+  }
 
   // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
   // arrival per lane of the warp that gathers Q (load_q_packed).
   static constexpr int kQFullArrivals = kPackGqa ? 32 : 1;
 
+  // The rows of (head, batch) in the coordinates of a TMA tensor (seqlen, d, heads, batch): from
+  // row `offset` on for a variable-length batch's sequence.
+  template <class TmaTensor>
+  static CUTLASS_DEVICE auto sequence_rows(TmaTensor const& tensor, int head, int batch, int offset) {
+    using namespace cute;
+    if constexpr (kVarlen) {
+      return domain_offset(make_coord(offset, _0{}), tensor(_, _, head, 0));
+    } else {
+      return tensor(_, _, head, batch);
+    }
+  }
+
   // Query tile m_block of (head, batch) in the coordinates of Q's TMA: (kBlockM, d).
-  static CUTLASS_DEVICE auto query_tile(Params const& params, int m_block, int head, int batch) {
+  static CUTLASS_DEVICE auto query_tile(Params const& params, int m_block, int head, int batch, RowOffsets offsets) {
     using namespace cute;
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
-    return local_tile(mQ(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+    return local_tile(sequence_rows(mQ, head, batch, offsets.q), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
   }
 
   // Producer, one thread, for one tile that visits key tiles [blocks.begin, blocks.end): the K and
@@ -265,7 +298,8 @@ struct ForwardMainloop {
   template <class WaitQFree>
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, cutlass::arch::ClusterTransactionBarrier& q_full,
                                   Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& write, int m_block,
-                                  int head, int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free) {
+                                  int head, int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free,
+                                  RowOffsets offsets = {}) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});  // (kBlockN, d, stage)
@@ -274,9 +308,11 @@ struct ForwardMainloop {
     int const seqlen_k = cute::max(params.seqlen_k, 1);  // as in to_params
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
-    Tensor gQ = query_tile(params, m_block, head, batch);  // (kBlockM, d)
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, d, n)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<BlockN, HeadDimV>{}, make_coord(_, _0{}));  // (kBlockN, dv, n)
+    Tensor gQ = query_tile(params, m_block, head, batch, offsets);  // (kBlockM, d)
+    Tensor gK = local_tile(sequence_rows(mK, head_kv, batch, offsets.k), Shape<BlockN, HeadDim>{},
+                           make_coord(_, _0{}));  // (kBlockN, d, n)
+    Tensor gV = local_tile(sequence_rows(mV, head_kv, batch, offsets.k), Shape<BlockN, HeadDimV>{},
+                           make_coord(_, _0{}));  // (kBlockN, dv, n)
 
     auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_k = params.tma_k.get_slice(_0{});
@@ -314,9 +350,10 @@ struct ForwardMainloop {
 
   // Producer, one thread: asks L2 for query tile m_block of (head, batch) by a TMA prefetch, without
   // a barrier or a destination (kPrefetchNextQ).
-  static CUTLASS_DEVICE void prefetch_q(Params const& params, int m_block, int head, int batch) {
+  static CUTLASS_DEVICE void prefetch_q(Params const& params, int m_block, int head, int batch,
+                                         RowOffsets offsets = {}) {
     auto tma_q = params.tma_q.get_slice(cute::_0{});
-    cute::prefetch(params.tma_q, tma_q.partition_S(query_tile(params, m_block, head, batch)));
+    cute::prefetch(params.tma_q, tma_q.partition_S(query_tile(params, m_block, head, batch, offsets)));
   }
 
   // Producer warp, packed Q only (lane in [0, 32)): gathers the tile's rows, each from its own query
