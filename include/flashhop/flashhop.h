@@ -28,9 +28,11 @@
 //   LSE (nheads, total_q), float32; optional.
 // Sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of Q and O (columns of LSE) and rows
 // cu_seqlens_k[b] .. cu_seqlens_k[b + 1] of K and V, of which only the first seqused_q[b] /
-// seqused_k[b] are used where those are given; the masks align each sequence's own corner. This
-// build validates and plans such calls but has no kernels for them yet: forward answers
-// kNotSupported (see ForwardArgs).
+// seqused_k[b] are used where those are given; the masks align each sequence's own corner. O and
+// LSE rows outside the used rows are left as they are. The rows of K and V past a sequence's used
+// keys, up to total_k, may be read (and weighed by zero), so they must hold finite values. Every
+// mask, soft-capping, GQA and head dim of the fixed-length forward; query heads are not packed
+// into tiles (pack_gqa is ignored); there is no variable-length backward yet.
 //
 // Every call is asynchronous on the caller's stream, allocates nothing and keeps no global state.
 #pragma once
@@ -105,9 +107,8 @@ struct ForwardArgs {
   // max_seqlen_k: with cu_seqlens, bounds >= 1 on every sequence's length (FlashAttention-3's
   // max_seqlen; the kernels' grid is sized by them); without, 0.
   // The library cannot read device memory while it validates: it checks these tensors' descriptors
-  // only. The kernels (not written yet) must treat the values defensively: offsets clamped to
-  // [0, total], a decreasing pair as an empty sequence, seqused clamped to the slot, lengths past
-  // max_seqlen cut at max_seqlen.
+  // only. The kernels read the values defensively: offsets clamped to [0, total], a decreasing pair
+  // as an empty sequence, seqused clamped to the slot, lengths past max_seqlen cut at max_seqlen.
   std::optional<TensorDesc> cu_seqlens_q, cu_seqlens_k;
   std::optional<TensorDesc> seqused_q, seqused_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
@@ -119,17 +120,15 @@ struct ForwardArgs {
 // query sequences), when the tiles leave a last round (or a single one, as in decoding) that pays
 // to split over the device's SMs by keys, room for the split's partial results (for the current
 // device's SM count, up to about 20 MB); else 0. With cu_seqlens: none without sequences or
-// query rows, else the tile list of the variable-length scheduler (a 16-byte header and 16 bytes
-// per query tile of the bound batch * ceil(min(max_seqlen_q, total_q) / 64) * nheads; plan.h).
+// query rows, else the tile list of the variable-length scheduler: 16 bytes and 12 per sequence
+// and 4 more.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.
 // `workspace` must hold at least forward_workspace_size() bytes of device memory, 16-byte aligned
 // (may be null when that is 0); forward initialises it on `stream`, and no other call in flight may
 // use it at the same time.
-// On any error nothing is launched and the message says what was wrong. With cu_seqlens, this build
-// answers kNotSupported ("variable-length forward kernels are not compiled into this build") after
-// validating the arguments.
+// On any error nothing is launched and the message says what was wrong.
 Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_bytes,
                cudaStream_t stream);
 

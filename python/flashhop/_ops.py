@@ -124,8 +124,8 @@ def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
     q (total_q, nheads, head_dim) and rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (total_k,
     nheads_kv, head_dim[_v]), of which the first seqused_q[b] / seqused_k[b] are used where given;
     masks align to each sequence's own bottom-right corner. max_seqlen_q / max_seqlen_k bound the
-    lengths (>= 1). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q). This build
-    has no kernels for it: the library validates the call and raises NotImplementedError."""
+    lengths (>= 1). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q); rows past
+    seqused_q are left as torch.empty made them."""
     tensors = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                ("seqused_q", seqused_q), ("seqused_k", seqused_k))
     for name, tensor in tensors:

@@ -46,9 +46,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            pack_gqa=None, deterministic=False, return_attn_probs=False):
     """Exact attention over a packed batch of sequences of different lengths, as
-    FlashAttention-3's function of this name. This build has its API but no kernels for it: a valid
-    call raises NotImplementedError ("variable-length forward kernels are not compiled into this
-    build") after the library has checked it.
+    FlashAttention-3's function of this name; the forward only (no gradients yet), and query heads
+    are not packed into tiles (pack_gqa is accepted and ignored).
 
     q: (total_q, nheads, head_dim); k: (total_k, nheads_kv, head_dim); v: (total_k, nheads_kv,
     head_dim_v); dtypes, head dims and strides as flash_attn_func's.
