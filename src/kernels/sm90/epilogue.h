@@ -96,8 +96,10 @@ struct ForwardEpilogue {
 
   static Params to_params(ForwardParams const& p) {
     using namespace cute;
+    // A variable-length batch's O is stored row by row; its TMA descriptor, never used, spans the
+    // packed rows as a batch of one (a dimension of stride 0 must have size 1).
     auto mO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.o)),
-                          make_shape(p.seqlen_q, HeadDimV{}, p.nheads, p.batch),
+                          make_shape(kVarlen ? p.total_q : p.seqlen_q, HeadDimV{}, p.nheads, kVarlen ? 1 : p.batch),
                           make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
     return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutOWarpGroup{}, Shape<WarpGroupM, HeadDimV>{}, _1{}),
             p.lse,
