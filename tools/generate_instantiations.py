@@ -3,11 +3,12 @@
 tools/backward_recipes.py):
 
 - src/kernels/sm90/fwd_recipes.h, bwd_recipes.h: the tables of recipes and their indices;
-- src/kernels/sm90/instantiations/{fwd,bwd}_<dtype>_<recipe>.cu: one kernel configuration per file;
+- src/kernels/sm90/instantiations/{fwd,bwd}_<dtype>_<recipe>.cu: one kernel configuration per file,
+  and fwd_<dtype>_<recipe>_varlen.cu for the recipes also compiled for variable-length batches;
 - src/kernels/sm90/instantiations/kernels.cmake: those files with their dtype, head dims and
   compile options, which CMake selects from by FLASHHOP_DTYPES and FLASHHOP_HEAD_DIMS;
-- src/kernels/sm90/fwd_kernel_list.inc, bwd_kernel_list.inc: the kernels dispatch can launch, each
-  present where CMake compiled its file.
+- src/kernels/sm90/fwd_kernel_list.inc, fwd_varlen_kernel_list.inc, bwd_kernel_list.inc: the
+  kernels dispatch can launch, each present where CMake compiled its file.
 
 --check writes nothing and fails if any of them differs from what this script writes.
 """
