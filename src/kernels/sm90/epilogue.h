@@ -60,9 +60,9 @@ struct ForwardEpilogue {
   using SmemLayoutOBuffer =
       cute::conditional_t<kTakeTurns, typename Mainloop::SmemLayoutOOneWarpGroup, SmemLayoutO>;
   // Arrivals on q_free per consumer warpgroup and hand-over of Q's buffer. Rows of O stored row by
-  // row from Q's buffer are read by every thread (store_rows), and each thread arrives after its own reads, so
-  // that each arrival releases exactly the reads it orders (one elected arrival after a named
-  // barrier leaves racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
+  // row from Q's buffer are read by every thread (store_rows), and each thread arrives after its
+  // own reads, so that each arrival releases exactly the reads it orders (one elected arrival after
+  // a named barrier leaves racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
   // each warpgroup arrives: after its TMA store has read O, or once its warpgroup's S GEMMs no
   // longer read Q (no generic-proxy reads of the buffer to order).
   static constexpr int kQFreeArrivalsPerWarpGroup = !kOwnBuffer && kRowStores ? kThreadsPerWarpGroup : 1;
@@ -117,8 +117,8 @@ struct ForwardEpilogue {
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the
-  // tile head (query_rows.h); `sequence`: a variable-length batch's rows (batch is then 0). thread_idx
-  // in [0, 128 x consumers) over all consumer warpgroups. In Q's buffer (no kOwnBuffer), when
+  // tile head (query_rows.h); `sequence`: a variable-length batch's rows (its batch stride is 0).
+  // thread_idx in [0, 128 x consumers) over all consumer warpgroups. In Q's buffer (no kOwnBuffer), when
   // `release_q` is set, the producer is waiting on `q_free` (kQFreeArrivalsPerWarpGroup per
   // warpgroup) to load the next tile's Q there.
   template <class OAccum, class RowValues>
@@ -151,7 +151,7 @@ struct ForwardEpilogue {
       // The other warpgroup's TMA store has read the buffer (and ours of the tile before had, too).
       OBufferTurns::wait(consumer);
     } else if constexpr (kOwnBuffer) {
-      // This warpgroup's previous TMA store (or, row by row, its threads' reads) may still be reading its rows.
+      // This warpgroup's previous TMA store (or, row by row, its threads' reads) may still read its rows.
       if (!kRowStores && leader) tma_store_wait<0>();
       sync_epilogue(consumer);
     }

@@ -44,7 +44,8 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
     varlen_prepare_kernel<kPrepareThreads><<<1, kPrepareThreads, 0, stream>>>(prepare);
     err = cudaGetLastError();
     if (err != cudaSuccess) {
-      return {StatusCode::kCudaError, std::string("variable-length prepare kernel launch: ") + cudaGetErrorString(err)};
+      return {StatusCode::kCudaError,
+              std::string("variable-length prepare kernel launch: ") + cudaGetErrorString(err)};
     }
   } else if constexpr (Mask::kIsLocal) {
     counter_bytes = sizeof(int);

@@ -26,7 +26,9 @@ struct VarlenTileList {
   static constexpr int kCounter = 0, kNumTiles = 1, kOrder = 4;
   static constexpr int tile_start(int batch) { return kOrder + batch; }
   static constexpr int scratch(int batch) { return kOrder + 2 * batch + 1; }
-  static constexpr std::size_t bytes(int batch) { return sizeof(int) * (static_cast<std::size_t>(scratch(batch)) + batch); }
+  static constexpr std::size_t bytes(int batch) {
+    return sizeof(int) * (static_cast<std::size_t>(scratch(batch)) + batch);
+  }
 };
 
 struct ForwardParams {

@@ -33,7 +33,9 @@ struct VarlenSequences {
   int total_q, total_k;
   int max_seqlen_q, max_seqlen_k;
 
-  static CUTLASS_DEVICE int clamp(int value, int low, int high) { return value < low ? low : (value > high ? high : value); }
+  static CUTLASS_DEVICE int clamp(int value, int low, int high) {
+    return value < low ? low : (value > high ? high : value);
+  }
   // Sequence b's first row and length in one of the packed tensors.
   static CUTLASS_DEVICE void slot(int const* cu_seqlens, int const* seqused, int b, int total, int bound, int& begin,
                                   int& length) {
