@@ -128,7 +128,6 @@ struct ForwardEpilogue {
     using namespace cute;
     TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
-    int const tile_rows = kVarlen ? sequence.rows : params.rows.rows;
 
     if (params.lse != nullptr && thread_idx % 4 == 0) {  // lane 0 of each quad holds its rows' LSE
       Tensor coords = rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
@@ -137,7 +136,7 @@ struct ForwardEpilogue {
       CUTLASS_PRAGMA_UNROLL
       for (int m = 0; m < size<0>(coords); ++m) {
         int const tile_row = m_block * BlockM::value + get<0>(coords(m, 0));
-        if (tile_row < tile_rows) {
+        if (tile_row < (kVarlen ? sequence.rows : params.rows.rows)) {
           typename Rows::Row const at = params.rows.locate(tile_row, head);
           lse_batch[at.head * params.lse_head_stride + at.query * params.lse_row_stride] = lse[m];
         }
@@ -163,7 +162,7 @@ struct ForwardEpilogue {
     Tensor tOsO = thr_copy_o.partition_D(sO);
     copy(smem_copy_o, tOrO, tOsO);
     if constexpr (kRowStores) {
-      store_rows(params, sO, thread_idx, m_block, head, batch, tile_rows, sequence.begin, q_free, release_q);
+      store_rows(params, sO, thread_idx, m_block, head, batch, sequence, q_free, release_q);
       return;
     }
     // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
@@ -204,11 +203,11 @@ struct ForwardEpilogue {
 
   // Row by row (kRowStores): this warpgroup's 64 rows of sO (kBlockM, dv) once all its threads
   // have written them, by 16-byte copies, consecutive threads along a row, each row to its own
-  // query head; rows past the head's `tile_rows` are left out. A variable-length batch's rows
-  // start at row `first_query` of the packed O.
+  // query head; rows past the head's last are left out. A variable-length batch's sequence
+  // (`sequence`) starts at its first row of the packed O.
   template <class SmemTensorO>
   static CUTLASS_DEVICE void store_rows(Params const& params, SmemTensorO const& sO, int thread_idx, int m_block,
-                                        int head, int batch, int tile_rows, int first_query,
+                                        int head, int batch, OutputRows sequence,
                                         cutlass::arch::ClusterBarrier& q_free, bool release_q) {
     int const consumer = thread_idx / kThreadsPerWarpGroup;
     sync_epilogue(consumer);
@@ -217,12 +216,12 @@ struct ForwardEpilogue {
     constexpr int kChunksPerRow = HeadDimV::value / kChunk;
     int const first_row = consumer * WarpGroupM::value;
     Element* o_batch = params.o + batch * params.o_batch_stride;
-    if constexpr (kVarlen) o_batch += int64_t{first_query} * params.o_row_stride;
+    if constexpr (kVarlen) o_batch += int64_t{sequence.begin} * params.o_row_stride;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = thread_idx % kThreadsPerWarpGroup; i < WarpGroupM::value * kChunksPerRow; i += kThreadsPerWarpGroup) {
       int const row = first_row + i / kChunksPerRow, col = i % kChunksPerRow * kChunk;
       int const tile_row = m_block * BlockM::value + row;
-      if (tile_row >= tile_rows) break;  // rows only grow with i
+      if (tile_row >= (kVarlen ? sequence.rows : params.rows.rows)) break;  // rows only grow with i
       typename Rows::Row const at = params.rows.locate(tile_row, head);
       *reinterpret_cast<uint4*>(o_batch + at.query * params.o_row_stride + at.head * params.o_head_stride + col) =
           *reinterpret_cast<uint4 const*>(&sO(row, col));

@@ -101,21 +101,6 @@ struct ForwardKernel {
       return (params.mask);
     }
   }
-  // How many of consumer warpgroup `consumer`'s rows of the tile exist (Mainloop::rows_in_warpgroup).
-  static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, Tile const& tile, int consumer) {
-    if constexpr (kVarlen) {
-      return Mainloop::rows_in_warpgroup(tile.span.seqlen_q, tile.m_block, consumer);
-    } else {
-      return Mainloop::rows_in_warpgroup(params.mainloop, tile.m_block, consumer);
-    }
-  }
-  static CUTLASS_DEVICE bool rows_past_end(Params const& params, Tile const& tile, int consumer) {
-    if constexpr (kVarlen) {
-      return Mainloop::rows_past_end(tile.span.seqlen_q, tile.m_block, consumer);
-    } else {
-      return Mainloop::rows_past_end(params.mainloop, tile.m_block, consumer);
-    }
-  }
   // The tile's sequence rows in O and LSE, for the epilogue.
   static CUTLASS_DEVICE OutputRows row_span(Tile const& tile) {
     if constexpr (kVarlen) {
@@ -331,7 +316,7 @@ struct ForwardKernel {
         };
         // A warpgroup whose rows all lie past the last row computes and stores nothing.
         if constexpr (Mainloop::kSkipRowsPastEnd) {
-          if (rows_past_end(params, tile, consumer)) {
+          if (Mainloop::rows_past_end(params.mainloop, tile, consumer)) {
             if (!blocks.empty()) {
               Mainloop::skip_tile(shared.q_full, q_full_phase, pipeline_k, pipeline_v, read, consumer, blocks);
               q_full_phase ^= 1;
@@ -364,7 +349,7 @@ struct ForwardKernel {
         if constexpr (kSplitRound) {
           // A part of a split tile: unless it is the tile's first part in key order, which takes
           // over the merged O and LSE of all parts, it stores nothing.
-          int const rows = rows_in_warpgroup(params, tile, consumer);
+          int const rows = Mainloop::rows_in_warpgroup(params.mainloop, tile, consumer);
           if (Scheduler::is_part(params.scheduler, index) &&
               !SplitMerge::merge(params.split, params.scheduler.split, Scheduler::part(params.scheduler, index),
                                  index - params.scheduler.num_tiles, rows, o_accum, lse, thread_idx, consumer)) {

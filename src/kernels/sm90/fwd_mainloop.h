@@ -253,18 +253,18 @@ struct ForwardMainloop {
   static constexpr bool kSkipRowsPastEnd = kRecipe.skip_rows_past_end;
   // How many of consumer warpgroup `consumer`'s 64 rows of query tile m_block exist (at most 0:
   // none), and whether they all lie past the last row.
-  static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, int m_block, int consumer) {
-    return params.rows.rows - (m_block * kBlockM + consumer * 64);
+  // `tile`: a ForwardTile, or a VarlenTile, whose sequence's queries are its rows.
+  template <class Tile>
+  static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, Tile const& tile, int consumer) {
+    if constexpr (kVarlen) {
+      return tile.span.seqlen_q - (tile.m_block * kBlockM + consumer * 64);
+    } else {
+      return params.rows.rows - (tile.m_block * kBlockM + consumer * 64);
+    }
   }
-  static CUTLASS_DEVICE bool rows_past_end(Params const& params, int m_block, int consumer) {
-    return rows_in_warpgroup(params, m_block, consumer) <= 0;
-  }
-  // The same for a variable-length batch's sequence of `rows` queries.
-  static CUTLASS_DEVICE int rows_in_warpgroup(int rows, int m_block, int consumer) {
-    return rows - (m_block * kBlockM + consumer * 64);
-  }
-  static CUTLASS_DEVICE bool rows_past_end(int rows, int m_block, int consumer) {
-    return rows_in_warpgroup(rows, m_block, consumer) <= 0;
+  template <class Tile>
+  static CUTLASS_DEVICE bool rows_past_end(Params const& params, Tile const& tile, int consumer) {
+    return rows_in_warpgroup(params, tile, consumer) <= 0;
   }
 
   // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
