@@ -90,16 +90,14 @@ struct ForwardKernel {
     }
   }
 
-  // The mask of a tile's sequence (a fixed-length batch's is the call's).
-  static CUTLASS_DEVICE decltype(auto) tile_mask(Params const& params, Tile const& tile) {
-    if constexpr (kVarlen) {
-      Mask mask = params.mask;
-      mask.seqlen_q = tile.span.seqlen_q;
-      mask.seqlen_k = tile.span.seqlen_k;
-      return mask;
-    } else {
-      return (params.mask);
-    }
+  // The mask of a tile: a fixed-length batch's is the call's, a variable-length batch's tile has its
+  // sequence's (by overload: a copy only for the latter).
+  static CUTLASS_DEVICE Mask const& tile_mask(Params const& params, ForwardTile) { return params.mask; }
+  static CUTLASS_DEVICE Mask tile_mask(Params const& params, VarlenTile const& tile) {
+    Mask mask = params.mask;
+    mask.seqlen_q = tile.span.seqlen_q;
+    mask.seqlen_k = tile.span.seqlen_k;
+    return mask;
   }
   // The tile's sequence rows in O and LSE, for the epilogue.
   static CUTLASS_DEVICE OutputRows row_span(Tile const& tile) {
