@@ -63,7 +63,8 @@ struct VarlenPrepareParams {
 };
 
 // One CTA of kThreads threads. Sorting ranks each sequence against all others: batch^2 / kThreads
-// comparisons a thread (about 1k for 1024 sequences), over keys staged in tile_start and scratch.
+// comparisons a thread (about 1k for 1024 sequences), over keys staged in tile_start and scratch;
+// the scan then reads each sequence's queries from scratch.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) varlen_prepare_kernel(VarlenPrepareParams const params) {
   int const batch = params.batch;
@@ -95,8 +96,7 @@ __global__ void __launch_bounds__(kThreads) varlen_prepare_kernel(VarlenPrepareP
     int const p = first + threadIdx.x;
     int tiles = 0;
     if (p < batch) {
-      SequenceSpan const s = params.sequences.span(order[p]);
-      int const rows = s.seqlen_q * params.rows_per_query;
+      int const rows = queries[order[p]] * params.rows_per_query;
       tiles = (rows + params.block_m - 1) / params.block_m * params.tile_heads;
     }
     int start, chunk_total;
