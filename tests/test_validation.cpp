@@ -1061,6 +1061,121 @@ TEST(VarlenPlan, TileBoundWorkspaceAndStrides) {
   EXPECT_EQ(p.lse_row_stride, 1);
 }
 
+// ---- paged KV caches ----------------------------------------------------------------------------
+
+// The three sequences of valid_varlen_args over a paged cache: k and v (40, 16, 2, 128) pages,
+// page_table int32 (3, 20), seqused_k the keys; no cu_seqlens_k.
+ForwardArgs valid_paged_args() {
+  ForwardArgs a = valid_varlen_args();
+  a.cu_seqlens_k.reset();
+  a.k = flashhop::make_contiguous(a.k.data, DType::kBFloat16, {40, 16, 2, 128});
+  a.v = flashhop::make_contiguous(a.v.data, DType::kBFloat16, {40, 16, 2, 128});
+  a.page_table = flashhop::make_contiguous(shifted(a.seqused_k->data, std::int64_t{1} << 32), DType::kInt32, {3, 20});
+  return a;
+}
+
+class InvalidPagedArguments : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidPagedArguments, RejectedWithCodeAndNamedArgument) {
+  const InvalidCase& c = GetParam();
+  ForwardArgs args = valid_paged_args();
+  c.change(args);
+  const Status status = flashhop::validate_forward(args);
+  EXPECT_EQ(status.code, c.code) << status.message;
+  for (const std::string& part : c.message_parts) {
+    EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
+  }
+  const Status forward_status = flashhop::forward(args, nullptr, 0, nullptr);
+  EXPECT_EQ(forward_status.code, status.code);
+  EXPECT_EQ(forward_status.message, status.message);
+}
+
+const InvalidCase kInvalidPagedCases[] = {
+    // which fields come together
+    {"without_cu_seqlens_q", [](ForwardArgs& a) { a.cu_seqlens_q.reset(); }, kNotSupported,
+     {"cu_seqlens_q = none with page_table given"}},
+    {"with_cu_seqlens_k",
+     [](ForwardArgs& a) { a.cu_seqlens_k = flashhop::make_contiguous(a.seqused_q->data, DType::kInt32, {4}); },
+     kInvalid, {"cu_seqlens_k is given with page_table: expected none"}},
+    {"without_seqused_k", [](ForwardArgs& a) { a.seqused_k.reset(); }, kInvalid,
+     {"seqused_k = none with page_table given"}},
+    // ranks, dtypes and shapes
+    {"k_rank_3", [](ForwardArgs& a) { a.k.rank = 3; }, kInvalid,
+     {"k.rank = 3", "expected 4 (num_pages, page_size, nheads_kv, head_dim) with page_table"}},
+    {"page_table_rank_1", [](ForwardArgs& a) { a.page_table->rank = 1; }, kInvalid,
+     {"page_table.rank = 1", "expected 2 (batch, max_pages)"}},
+    {"page_table_float32", [](ForwardArgs& a) { a.page_table->dtype = DType::kFloat32; }, kInvalid,
+     {"page_table.dtype = float32: expected int32"}},
+    {"page_table_batch", [](ForwardArgs& a) { a.page_table->shape[0] = 4; }, kInvalid,
+     {"page_table.shape[0] (batch) = 4: expected 3 (cu_seqlens_q.shape[0] - 1)"}},
+    {"page_table_without_pages", [](ForwardArgs& a) { a.page_table->shape[1] = 0; }, kInvalid,
+     {"page_table.shape[1] (max_pages) = 0: expected >= 1"}},
+    {"v_page_size", [](ForwardArgs& a) { a.v.shape[1] = 32; }, kInvalid,
+     {"v.shape[1] (page_size) = 32: expected 16 (k.shape[1] (page_size))"}},
+    {"v_num_pages", [](ForwardArgs& a) { a.v.shape[0] = 39; }, kInvalid, {"v.shape[0] (num_pages) = 39: expected 40"}},
+    {"k_nheads_kv_not_dividing", [](ForwardArgs& a) { a.k.shape[2] = a.v.shape[2] = 3; }, kInvalid,
+     {"k.shape[2] (nheads_kv) = 3: nheads (8) must be a multiple of it"}},
+    {"k_head_dim", [](ForwardArgs& a) { a.k.shape[3] = 64; }, kInvalid, {"k.shape[3] (head_dim) = 64: expected 128"}},
+    {"capacity_past_int32",
+     [](ForwardArgs& a) {
+       a.page_table->shape[1] = 1 << 28;
+       a.page_table->stride[0] = 1 << 28;
+     },
+     kInvalid, {"page_table.shape[1] (max_pages) * k.shape[1] (page_size) = 4294967296", "a sequence's keys"}},
+    // memory
+    {"page_table_last_dim_strided", [](ForwardArgs& a) { a.page_table->stride[1] = 2; }, kInvalid,
+     {"page_table.stride[1] = 2: expected 1"}},
+    {"k_page_stride_not_16_byte_aligned", [](ForwardArgs& a) { a.k.stride[0] += 4; }, kInvalid,
+     {"k.stride[0] = ", "multiple of 8 elements"}},
+    {"o_over_page_table", [](ForwardArgs& a) { a.page_table->data = a.o.data; }, kInvalid,
+     {"o.data", "overlaps page_table's"}},
+    {"page_table_on_other_device", [](ForwardArgs& a) { a.page_table->device = 2; }, kInvalid,
+     {"page_table.device = 2: expected 0 (q.device)"}},
+    // valid but not supported
+    {"odd_pages_at_head_dim_96",
+     [](ForwardArgs& a) {
+       a.q.shape[2] = a.o.shape[2] = 96;
+       a.k = flashhop::make_contiguous(a.k.data, DType::kBFloat16, {40, 15, 2, 96});
+       a.v = flashhop::make_contiguous(a.v.data, DType::kBFloat16, {40, 15, 2, 96});
+       a.q.stride[1] = a.o.stride[1] = 96;
+       a.q.stride[0] = a.o.stride[0] = 8 * 96;
+     },
+     kNotSupported, {"k.shape[1] (page_size) = 15: expected an even page size with k.shape[3] (head_dim) = 96"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Paged, InvalidPagedArguments, ::testing::ValuesIn(kInvalidPagedCases),
+                         [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+// Pages of any size (and odd sizes at d = 96 where the page size is even), planned with the page
+// stride as the batch stride, a sequence's capacity as total_k.
+TEST(PagedPlan, PagesStridesAndCapacity) {
+  for (int page_size : {1, 3, 16, 256}) {
+    ForwardArgs args = valid_paged_args();
+    args.k = flashhop::make_contiguous(args.k.data, DType::kBFloat16, {40, page_size, 2, 128});
+    args.v = flashhop::make_contiguous(args.v.data, DType::kBFloat16, {40, page_size, 2, 128});
+    ASSERT_TRUE(flashhop::validate_forward(args).ok()) << page_size;
+    const flashhop::detail::ForwardPlan plan = flashhop::detail::plan_forward(args, {132, 50ll << 20});
+    ASSERT_TRUE(plan.varlen.has_value());
+    EXPECT_TRUE(plan.recipe_of().varlen);
+    EXPECT_EQ(plan.varlen->total_k, 20 * page_size);
+    EXPECT_EQ(plan.varlen->max_seqlen_k, std::min(200, 20 * page_size));
+    EXPECT_EQ(plan.varlen->workspace_bytes, 16u + (3u * 3u + 1u) * 4u);
+    const flashhop::sm90::ForwardParams& p = plan.params;
+    EXPECT_EQ(p.page_table, args.page_table->data);
+    EXPECT_EQ(p.page_table_stride, 20);
+    EXPECT_EQ(p.page_size, page_size);
+    EXPECT_EQ(p.num_pages, 40);
+    EXPECT_EQ(p.max_pages, 20);
+    EXPECT_EQ(p.cu_seqlens_k, nullptr);
+    EXPECT_EQ(p.seqused_k, args.seqused_k->data);
+    EXPECT_EQ(p.total_k, 20 * page_size);
+    EXPECT_EQ(p.k_batch_stride, std::int64_t{page_size} * 2 * 128);
+    EXPECT_EQ(p.k_row_stride, page_size > 1 ? 2 * 128 : 40 * 2 * 128);  // a size-1 dimension: the span
+    EXPECT_EQ(p.k_head_stride, 128);
+    EXPECT_EQ(p.v_batch_stride, std::int64_t{page_size} * 2 * 128);
+  }
+}
+
 // A bound of one row per sequence does not make the row stride a size-1 dimension's.
 TEST(VarlenPlan, StridesOfAPackedQkvWhateverTheBounds) {
   ForwardArgs args = valid_varlen_args();

@@ -34,6 +34,19 @@
 // mask, soft-capping, GQA and head dim of the fixed-length forward; query heads are not packed
 // into tiles (pack_gqa is ignored); there is no variable-length backward yet.
 //
+// Paged KV cache, as FlashAttention-3's page_table: with page_table (ForwardArgs), the queries are
+// a variable-length batch as above (cu_seqlens_q) and K and V are a cache of pages
+//   K   (num_pages, page_size, nheads_kv, d)
+//   V   (num_pages, page_size, nheads_kv, dv)
+//   page_table (batch, max_pages), int32
+// Key j of sequence b is row j % page_size of page page_table[b][j / page_size]; seqused_k[b]
+// says how many keys sequence b has (cu_seqlens_k is not given). Any page size from 1 up, an even
+// one where d or dv is 96; pages may be shared and in any order. Rows of a sequence's last page past its keys
+// may be read (and weighed by zero), so they must hold finite values; page ids outside
+// [0, num_pages) read as zeros, never memory outside the pages. A contiguous cache
+// (batch_cache, seqlen_cache, nheads_kv, d) is the paged one with page_size = seqlen_cache and
+// one page per sequence (page_table[b][0] = the cache entry of sequence b).
+//
 // Every call is asynchronous on the caller's stream, allocates nothing and keeps no global state.
 #pragma once
 
@@ -112,6 +125,10 @@ struct ForwardArgs {
   std::optional<TensorDesc> cu_seqlens_q, cu_seqlens_k;
   std::optional<TensorDesc> seqused_q, seqused_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
+  // A paged KV cache (the layout above): int32 (batch, max_pages) on q's device, its last dimension
+  // contiguous; with cu_seqlens_q and seqused_k, without cu_seqlens_k. max_seqlen_k bounds the
+  // sequences' keys as with cu_seqlens_k.
+  std::optional<TensorDesc> page_table;
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): none
@@ -119,9 +136,9 @@ struct ForwardArgs {
 // without a mask at head dims 96 and 128, and at 64 on its 64-row tiles (packed GQA rows, short
 // query sequences), when the tiles leave a last round (or a single one, as in decoding) that pays
 // to split over the device's SMs by keys, room for the split's partial results (for the current
-// device's SM count, up to about 20 MB); else 0. With cu_seqlens: none without sequences or
-// query rows, else the tile list of the variable-length scheduler: 16 bytes and 12 per sequence
-// and 4 more.
+// device's SM count, up to about 20 MB); else 0. With cu_seqlens (and a page table or not): none
+// without sequences or query rows, else the tile list of the variable-length scheduler: 16 bytes
+// and 12 per sequence and 4 more.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.

@@ -58,6 +58,8 @@ typedef struct {
   const flashhop_tensor_t* seqused_k;    /* NULL, or int32 (batch) with cu_seqlens */
   int max_seqlen_q;                      /* with cu_seqlens: >= 1, a bound on the query lengths; else 0 */
   int max_seqlen_k;                      /* with cu_seqlens: >= 1, a bound on the key lengths; else 0 */
+  /* A paged KV cache: k and v (num_pages, page_size, nheads_kv, d); with cu_seqlens_q and seqused_k. */
+  const flashhop_tensor_t* page_table; /* NULL, or int32 (batch, max_pages) */
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

@@ -62,6 +62,7 @@ class _ForwardArgs(ctypes.Structure):
         ("seqused_k", ctypes.POINTER(_Tensor)),
         ("max_seqlen_q", ctypes.c_int),
         ("max_seqlen_k", ctypes.c_int),
+        ("page_table", ctypes.POINTER(_Tensor)),
     ]
 
 
@@ -183,12 +184,14 @@ def _bound(value):
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, out, lse,
-                   softmax_scale, causal, window_left, window_right, softcap, pack_gqa):
+                   softmax_scale, causal, window_left, window_right, softcap, pack_gqa, page_table=None):
     """Runs the variable-length forward into `out` (total_q, nheads, head_dim_v) and `lse` (nheads,
-    total_q) on the current stream of q's device, which must be the current device."""
-    descs = {"lse": _describe("lse", lse), "cu_seqlens_q": _describe("cu_seqlens_q", cu_seqlens_q),
-             "cu_seqlens_k": _describe("cu_seqlens_k", cu_seqlens_k)}
-    for name, tensor in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+    total_q) on the current stream of q's device, which must be the current device; with
+    `page_table`, k and v are a paged cache (num_pages, page_size, nheads_kv, d) and cu_seqlens_k is
+    None."""
+    descs = {"lse": _describe("lse", lse), "cu_seqlens_q": _describe("cu_seqlens_q", cu_seqlens_q)}
+    for name, tensor in (("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q), ("seqused_k", seqused_k),
+                         ("page_table", page_table)):
         if tensor is not None:
             descs[name] = _describe(name, tensor)
     pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}

@@ -1,5 +1,5 @@
-"""The PyTorch operators flashhop::fwd, flashhop::bwd and flashhop::varlen_fwd, registered with
-torch.library.
+"""The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd and flashhop::paged_fwd,
+registered with torch.library.
 
 Their fake implementations give torch.compile the output shapes without running anything, so a
 compiled model traces through them with no graph break. The CUDA implementation allocates through
@@ -154,3 +154,34 @@ def _varlen_save_for_backward(ctx, inputs, output):
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_save_for_backward)
+
+
+@torch.library.custom_op("flashhop::paged_fwd", mutates_args=())
+def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+              cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+              softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+              softcap: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flashhop::varlen_fwd's queries over a paged KV cache: k_cache and v_cache (num_pages,
+    page_size, nheads_kv, head_dim[_v]); key j of sequence b is row j % page_size of page
+    page_table[b, j // page_size], and sequence b has seqused_k[b] keys. Returns out (total_q,
+    nheads, head_dim_v) and lse (nheads, total_q)."""
+    tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
+               ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k))
+    for name, tensor in tensors:
+        if tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    if v_cache.dim() != 4:
+        raise ValueError(f"flashhop: v_cache.rank = {v_cache.dim()}: expected 4 "
+                         "(num_pages, page_size, nheads_kv, head_dim_v)")
+    out, lse = _empty_varlen_outputs(q, v_cache[0])
+    with torch.cuda.device(q.device):
+        _c_api.varlen_forward(q, k_cache, v_cache, cu_seqlens_q, None, None, seqused_k, max_seqlen_q, max_seqlen_k,
+                              out, lse, softmax_scale, causal, window_left, window_right, softcap, None,
+                              page_table=page_table)
+    return out, lse
+
+
+@paged_fwd.register_fake
+def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, causal, window_left, window_right, softcap):
+    return _empty_varlen_outputs(q, v_cache[0])

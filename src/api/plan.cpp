@@ -147,18 +147,26 @@ const int* int_data(const std::optional<TensorDesc>& t) { return t ? static_cast
 // lengths for the mask kind, whose recipe of unpacked rows with the default tile choice has the
 // variable-length kernel (ForwardRecipe::varlen); and the sequences' tile bound and tile list.
 ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& device) {
+  // A paged cache's pages (num_pages, page_size, nheads_kv, d) stand in the fixed-length plan as
+  // (1, page_size, nheads_kv, d); their shape and strides are set below.
+  const bool paged = args.page_table.has_value();
+  const auto page_rows = [](TensorDesc t) {
+    t.shape[0] = 1;
+    return t;
+  };
   ForwardArgs as_fixed = args;
   as_fixed.q = as_one_batch(args.q);
-  as_fixed.k = as_one_batch(args.k);
-  as_fixed.v = as_one_batch(args.v);
+  as_fixed.k = paged ? page_rows(args.k) : as_one_batch(args.k);
+  as_fixed.v = paged ? page_rows(args.v) : as_one_batch(args.v);
   as_fixed.o = as_one_batch(args.o);
   if (args.lse) as_fixed.lse = as_one_batch(*args.lse);
   as_fixed.cu_seqlens_q = as_fixed.cu_seqlens_k = as_fixed.seqused_q = as_fixed.seqused_k = std::nullopt;
+  as_fixed.page_table = std::nullopt;
 
   VarlenPlan varlen;
   varlen.batch = static_cast<int>(args.cu_seqlens_q->shape[0] - 1);
   varlen.total_q = args.q.shape[0];
-  varlen.total_k = args.k.shape[0];
+  varlen.total_k = paged ? args.page_table->shape[1] * args.k.shape[1] : args.k.shape[0];
   varlen.max_seqlen_q = static_cast<int>(std::min<std::int64_t>(args.max_seqlen_q, varlen.total_q));
   varlen.max_seqlen_k = static_cast<int>(std::min<std::int64_t>(args.max_seqlen_k, varlen.total_k));
   varlen.cu_seqlens_q = int_data(args.cu_seqlens_q);
@@ -194,9 +202,20 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
     batch = 0;
   };
   packed_strides(args.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  packed_strides(args.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  packed_strides(args.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
   packed_strides(args.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  if (paged) {
+    // The page stride in the batch stride's place (PagedKV).
+    normalise_unit_strides(args.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    normalise_unit_strides(args.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    p.page_table = static_cast<const int*>(args.page_table->data);
+    p.page_table_stride = args.page_table->shape[0] > 1 ? args.page_table->stride[0] : 0;
+    p.page_size = static_cast<int>(args.k.shape[1]);
+    p.num_pages = static_cast<int>(args.k.shape[0]);
+    p.max_pages = static_cast<int>(args.page_table->shape[1]);
+  } else {
+    packed_strides(args.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    packed_strides(args.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  }
   if (args.lse) packed_strides(*args.lse, p.lse_batch_stride, p.lse_head_stride, p.lse_row_stride);
 
   p.cu_seqlens_q = varlen.cu_seqlens_q;

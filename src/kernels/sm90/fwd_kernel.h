@@ -109,7 +109,7 @@ struct ForwardKernel {
   }
   static CUTLASS_DEVICE RowOffsets row_offsets(Tile const& tile) {
     if constexpr (kVarlen) {
-      return {tile.span.q_begin, tile.span.k_begin};
+      return {tile.span.q_begin, tile.span.k_begin, tile.span.seqlen_k};
     } else {
       return {};
     }

@@ -18,6 +18,11 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
   using Scheduler = typename Kernel::Scheduler;
 
   typename Kernel::Params const params = Kernel::to_params(p);
+  if constexpr (Kernel::kVarlen) {
+    if (p.page_table != nullptr && params.mainloop.paged.page_table == nullptr) {
+      return {StatusCode::kCudaError, "cuTensorMapEncodeTiled could not describe the paged k_cache / v_cache"};
+    }
+  }
   auto const kernel = forward_kernel<Kernel>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {

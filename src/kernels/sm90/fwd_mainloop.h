@@ -7,6 +7,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
@@ -26,9 +27,11 @@ namespace flashhop::sm90 {
 enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
 
 // The first rows of a tile's sequence in the packed Q and K / V of a variable-length batch (0 for
-// fixed-length batches, whose TMA coordinates name the batch entry instead).
+// fixed-length batches, whose TMA coordinates name the batch entry instead), and its keys (read
+// from a paged KV cache only).
 struct RowOffsets {
   int q = 0, k = 0;
+  int keys = 0;
 };
 
 // kRecipe_: an index into kForwardRecipes (fwd_recipes.h), which fixes every choice below.
@@ -176,6 +179,26 @@ struct ForwardMainloop {
   using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorV{}, cute::take<0, 2>(SmemLayoutV{}),
                                             cute::Shape<BlockN, HeadDimV>{}, cute::_1{}));
 
+  // A paged KV cache (variable-length kernels, calls with a page table): each key tile is gathered
+  // from its sequence's pages by TMA copies of box_rows rows and one swizzle atom's columns, into
+  // the tile's stage at those rows and columns. box_rows is a power of two that divides both the
+  // page size and kBlockN, so that a box never crosses a page, and whose rows of the atom fill
+  // whole 128 bytes, the alignment of a TMA destination. TMA swizzles by the destination's address
+  // bits, so the boxes land as one copy of the whole tile would.
+  static constexpr int kChunkK = cute::size<1>(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDim>());
+  static constexpr int kChunkV = cute::size<1>(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDimV>());
+  // The fewest rows a box may have: the atom's row bytes times this fill 128 bytes.
+  static constexpr int kMinBoxRows = 128 / (cute::min(kChunkK, kChunkV) * int{sizeof(Element)});
+  struct NoPages {};
+  struct PagedKV {
+    cute::TmaDescriptor k, v;  // (d or dv, page_size, nheads_kv, num_pages), boxes (chunk, box_rows, 1, 1)
+    int const* page_table;     // null: K and V are packed rows
+    int64_t table_stride;
+    int page_size, box_rows;
+  };
+
   struct Params {
     TmaQ tma_q;  // unpacked Q
     TmaK tma_k;
@@ -192,6 +215,8 @@ struct ForwardMainloop {
     float softcap_prescale;  // softmax_scale / softcap
     float score_scale;       // softmax_scale, or softcap with soft-capping
     float score_scale_log2;  // score_scale * log2(e)
+    // Last, so that the fixed-length kernels' other parameters keep their places.
+    cute::conditional_t<kVarlen, PagedKV, NoPages> paged;
   };
 
   static Params to_params(ForwardParams const& p) {
@@ -230,11 +255,72 @@ struct ForwardMainloop {
             softcap,
             softcap ? p.softmax_scale / p.softcap : 0.f,
             score_scale,
-            score_scale * kLog2e};
+            score_scale * kLog2e,
+            paged_kv(p)};
+  }
+
+  // The paged-cache part of the parameters: page_table null without a page table, and also where a
+  // descriptor could not be encoded (launch_kernel reports it).
+  static auto paged_kv(ForwardParams const& p) {
+    if constexpr (kVarlen) {
+      PagedKV paged{};
+      if (p.page_table == nullptr) return paged;
+      // The largest power of two that divides both the page size and the key tile, at most 256
+      // rows (a TMA box's limit); validation kept it at kMinBoxRows or more.
+      int box_rows = 1;
+      while (box_rows < 256 && p.page_size % (2 * box_rows) == 0 && kBlockN % (2 * box_rows) == 0) box_rows *= 2;
+      paged.page_size = p.page_size;
+      paged.box_rows = box_rows;
+      paged.table_stride = p.page_table_stride;
+      if (box_rows >= kMinBoxRows &&
+          encode_pages<kChunkK>(paged.k, p.k, kHeadDim, p, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                                box_rows) &&
+          encode_pages<kChunkV>(paged.v, p.v, kHeadDimV, p, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                                box_rows)) {
+        paged.page_table = p.page_table;
+      }
+      return paged;
+    } else {
+      return NoPages{};
+    }
+  }
+
+  // The TMA descriptor of paged K or V (`cols` wide, strides in elements): dimensions (cols,
+  // page_size, nheads_kv, num_pages), boxes of one swizzle atom's kChunk columns and box_rows rows,
+  // swizzled as the atom. A stride of a dimension of size 1 may be 0 (never followed); TMA takes
+  // 16 bytes there.
+  template <int kChunk>
+  static bool encode_pages(cute::TmaDescriptor& desc, void const* base, int cols, ForwardParams const& p,
+                           int64_t row_stride, int64_t head_stride, int64_t page_stride, int box_rows) {
+    auto const bytes = [](int64_t stride) {
+      return static_cast<cuuint64_t>(stride == 0 ? 16 : stride * int64_t{sizeof(Element)});
+    };
+    constexpr int kChunkBytes = kChunk * int{sizeof(Element)};
+    static_assert(kChunkBytes == 128 || kChunkBytes == 64 || kChunkBytes == 32, "a swizzled atom's row");
+    CUtensorMapSwizzle const swizzle = kChunkBytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : kChunkBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                           : CU_TENSOR_MAP_SWIZZLE_32B;
+    cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(p.page_size),
+                          static_cast<cuuint64_t>(p.nheads_kv), static_cast<cuuint64_t>(p.num_pages)};
+    cuuint64_t strides[3] = {bytes(row_stride), bytes(head_stride), bytes(page_stride)};
+    cuuint32_t box[4] = {kChunk, static_cast<cuuint32_t>(box_rows), 1, 1};
+    cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    CUresult const result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+        &desc, cute::TMA::to_CUtensorMapDataType<Element>(), 4, const_cast<void*>(base), dims, strides, box,
+        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return result == CUDA_SUCCESS;
   }
 
   static CUTLASS_DEVICE void prefetch_tma_descriptors(Params const& params) {
     if constexpr (!kPackGqa) cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    if constexpr (kVarlen) {
+      if (params.paged.page_table != nullptr) {
+        cute::prefetch_tma_descriptor(&params.paged.k);
+        cute::prefetch_tma_descriptor(&params.paged.v);
+        return;
+      }
+    }
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
@@ -301,30 +387,39 @@ struct ForwardMainloop {
                                   int head, int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free,
                                   RowOffsets offsets = {}) {
     using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
+    int const head_kv = params.rows.kv_head(head);
+    if constexpr (kVarlen) {
+      if (params.paged.page_table != nullptr) {
+        load_tile(params, smem, q_full, m_block, head, batch, blocks, wait_q_free, offsets, [&](int n_block) {
+          pipeline_k.producer_acquire(write);
+          load_pages<SmemLayoutK, kChunkK, kHeadDim>(params.paged, params.paged.k, pipeline_k.producer_get_barrier(write),
+                                                     smem.k.data(), write.index(), n_block, batch, head_kv,
+                                                     offsets.keys);
+          pipeline_v.producer_acquire(write);
+          load_pages<SmemLayoutV, kChunkV, kHeadDimV>(params.paged, params.paged.v,
+                                                      pipeline_v.producer_get_barrier(write), smem.v.data(),
+                                                      write.index(), n_block, batch, head_kv, offsets.keys);
+          ++write;
+        });
+        return;
+      }
+    }
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});  // (kBlockN, d, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});  // (kBlockN, dv, stage)
-    int const head_kv = params.rows.kv_head(head);
     int const seqlen_k = cute::max(params.seqlen_k, 1);  // as in to_params
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
-    Tensor gQ = query_tile(params, m_block, head, batch, offsets);  // (kBlockM, d)
     Tensor gK = local_tile(sequence_rows(mK, head_kv, batch, offsets.k), Shape<BlockN, HeadDim>{},
                            make_coord(_, _0{}));  // (kBlockN, d, n)
     Tensor gV = local_tile(sequence_rows(mV, head_kv, batch, offsets.k), Shape<BlockN, HeadDimV>{},
                            make_coord(_, _0{}));  // (kBlockN, dv, n)
-
-    auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_k = params.tma_k.get_slice(_0{});
     auto tma_v = params.tma_v.get_slice(_0{});
-    Tensor tQgQ = tma_q.partition_S(gQ);  // (TMA, TMA_M, TMA_D)
-    Tensor tQsQ = tma_q.partition_D(sQ);
     Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
     Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
     Tensor tVgV = tma_v.partition_S(gV);
     Tensor tVsV = tma_v.partition_D(sV);
-
-    auto load_kv = [&](int n_block) {
+    load_tile(params, smem, q_full, m_block, head, batch, blocks, wait_q_free, offsets, [&](int n_block) {
       pipeline_k.producer_acquire(write);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, _, _, n_block),
            tKsK(_, _, _, write.index()));
@@ -332,7 +427,21 @@ struct ForwardMainloop {
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, _, _, n_block),
            tVsV(_, _, _, write.index()));
       ++write;
-    };
+    });
+  }
+
+  // load's order of one tile's copies, with load_kv(n_block) the K and V of key tile n_block.
+  template <class WaitQFree, class LoadKV>
+  static CUTLASS_DEVICE void load_tile(Params const& params, SharedStorage& smem,
+                                       cutlass::arch::ClusterTransactionBarrier& q_full, int m_block, int head,
+                                       int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free,
+                                       RowOffsets offsets, LoadKV const& load_kv) {
+    using namespace cute;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
+    Tensor gQ = query_tile(params, m_block, head, batch, offsets);          // (kBlockM, d)
+    auto tma_q = params.tma_q.get_slice(_0{});
+    Tensor tQgQ = tma_q.partition_S(gQ);  // (TMA, TMA_M, TMA_D)
+    Tensor tQsQ = tma_q.partition_D(sQ);
     int const first_block = blocks.first();
     load_kv(first_block);
     if constexpr (!kPackGqa) {
@@ -345,6 +454,37 @@ struct ForwardMainloop {
     CUTLASS_PRAGMA_NO_UNROLL
     for (int n_block = blocks.end - 1; n_block >= blocks.begin; --n_block) {
       if (n_block != first_block) load_kv(n_block);
+    }
+  }
+
+  // Producer, one thread: key tile n_block of sequence `sequence` and KV head head_kv from a paged
+  // cache (PagedKV) into `stage` of the ring at `buffer` (SmemLayout: (kBlockN, kCols, stage)).
+  // Boxes past the sequence's `keys` read page -1, outside the pages, which TMA fills with zeros (a
+  // stale stage could hold non-finite values that P = 0 would still multiply); so do page ids past
+  // num_pages or negative, and nothing outside the pages is read. One page id at a time: the
+  // producer's 24 registers hold no more without spilling, and a tile's ids share a cache line or few.
+  template <class SmemLayout, int kChunk, int kCols>
+  static CUTLASS_DEVICE void load_pages(PagedKV const& paged, cute::TmaDescriptor const& desc, uint64_t* barrier,
+                                        Element* buffer, int stage, int n_block, int sequence, int head_kv,
+                                        int keys) {
+    auto const offset = cute::get_nonswizzle_portion(SmemLayout{});
+    int const* const table = paged.page_table + sequence * paged.table_stride;
+    int const first_key = n_block * kBlockN;
+    int page_index = first_key / paged.page_size;
+    int page_row = first_key - page_index * paged.page_size;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int row = 0; row < kBlockN; row += paged.box_rows) {
+      int const page = first_key + row < keys ? __ldg(table + page_index) : -1;
+      CUTLASS_PRAGMA_UNROLL
+      for (int col = 0; col < kCols; col += kChunk) {
+        cute::SM90_TMA_LOAD_4D::copy(&desc, barrier, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                     buffer + offset(row, col, stage), col, page_row, head_kv, page);
+      }
+      page_row += paged.box_rows;
+      if (page_row == paged.page_size) {
+        page_row = 0;
+        ++page_index;
+      }
     }
   }
 

@@ -72,6 +72,14 @@ struct ForwardParams {
   int const* seqused_q = nullptr;     // (batch) or null
   int const* seqused_k = nullptr;     // (batch) or null
   int total_q = 0, total_k = 0;
+
+  // A paged KV cache (flashhop.h), only with cu_seqlens_q, else null. Then k and v are pages
+  // (num_pages, page_size, nheads_kv, d) with the page stride as their batch stride, cu_seqlens_k
+  // is null, seqused_k holds each sequence's keys and total_k is a sequence's capacity
+  // (max_pages * page_size).
+  int const* page_table = nullptr;  // (batch, page_table_stride), max_pages used in each row
+  std::int64_t page_table_stride = 0;
+  int page_size = 0, num_pages = 0, max_pages = 0;
 };
 
 }  // namespace flashhop::sm90

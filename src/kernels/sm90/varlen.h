@@ -24,12 +24,13 @@ struct SequenceSpan {
 
 // The caller's cumulative lengths, read defensively (the host cannot check device memory):
 // offsets clamped to [0, total], a decreasing pair read as an empty sequence, seqused clamped to
-// the slot, lengths cut at the bounds max_seqlen.
+// the slot, lengths cut at the bounds max_seqlen. Without cu_seqlens_k (a paged KV cache), each
+// sequence's slot is all of total_k, its capacity, from row 0 of its pages.
 struct VarlenSequences {
   int const* cu_seqlens_q;
-  int const* cu_seqlens_k;
-  int const* seqused_q;  // or null
-  int const* seqused_k;  // or null
+  int const* cu_seqlens_k;  // or null
+  int const* seqused_q;     // or null
+  int const* seqused_k;     // or null
   int total_q, total_k;
   int max_seqlen_q, max_seqlen_k;
 
@@ -39,8 +40,13 @@ struct VarlenSequences {
   // Sequence b's first row and length in one of the packed tensors.
   static CUTLASS_DEVICE void slot(int const* cu_seqlens, int const* seqused, int b, int total, int bound, int& begin,
                                   int& length) {
-    begin = clamp(__ldg(cu_seqlens + b), 0, total);
-    length = clamp(__ldg(cu_seqlens + b + 1), begin, total) - begin;
+    if (cu_seqlens == nullptr) {
+      begin = 0;
+      length = total;
+    } else {
+      begin = clamp(__ldg(cu_seqlens + b), 0, total);
+      length = clamp(__ldg(cu_seqlens + b + 1), begin, total) - begin;
+    }
     if (seqused != nullptr) length = clamp(__ldg(seqused + b), 0, length);
     length = length < bound ? length : bound;
   }
