@@ -219,7 +219,10 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   if (plan.varlen) {
     const detail::VarlenPlan& varlen = *plan.varlen;
     if (Status status = check_device_memory(args.q.device, {{"cu_seqlens_q.data", varlen.cu_seqlens_q, true},
-                                                            {"cu_seqlens_k.data", varlen.cu_seqlens_k, true},
+                                                            {"cu_seqlens_k.data", varlen.cu_seqlens_k,
+                                                             varlen.cu_seqlens_k != nullptr},
+                                                            {"page_table.data", plan.params.page_table,
+                                                             plan.params.page_table != nullptr && varlen.batch > 0},
                                                             {"seqused_q.data", varlen.seqused_q,
                                                              varlen.seqused_q != nullptr && varlen.batch > 0},
                                                             {"seqused_k.data", varlen.seqused_k,
