@@ -140,8 +140,10 @@ struct ForwardMainloop {
   // each warp's rows cut only 1 or 2.
   static constexpr bool kMaskByChunks = Mask::kIsLocal && kRecipe.mask_by_chunks;
   static constexpr int kMaskChunk = 32;
-  // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
-  static constexpr bool kReleaseQInWalk = kRecipe.release_q_in_walk;
+  // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma). Not
+  // from a tile queue (variable-length batches): the consumers would ask for the next tile before
+  // the walk, which the producer publishes only once it has issued all of this tile's loads.
+  static constexpr bool kReleaseQInWalk = kRecipe.release_q_in_walk && !kVarlen;
   static_assert(!kReleaseQInWalk || kOOutsideQ, "Q can be released in the walk only where O leaves it alone");
   // Else (not kOOutsideQ) O is written into Q's buffer. Each consumer warpgroup may write only the
   // bytes of the rows its own Q K^T GEMMs read: true when O's layout is Q's restricted to the first
