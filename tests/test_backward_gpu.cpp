@@ -253,7 +253,7 @@ std::vector<BackwardCase> cases() {
   };
   std::vector<BackwardCase> all;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {256, 256}}) {
+    for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}}) {
       for (const NamedOptions& options : {kFull, kCausal, kWindow, kCausalWindow, kSoftcap, kSoftcapCausal}) {
         if (dtype == DType::kFloat16 && options.masking.window_left >= 0) continue;  // bf16 covers the windows
         for (Problem problem : shapes) {

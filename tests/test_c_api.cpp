@@ -54,6 +54,7 @@ TEST(CApi, DtypeValuesMatchTheCppEnum) {
   EXPECT_EQ(FLASHHOP_FLOAT16, static_cast<int>(DType::kFloat16));
   EXPECT_EQ(FLASHHOP_BFLOAT16, static_cast<int>(DType::kBFloat16));
   EXPECT_EQ(FLASHHOP_FLOAT32, static_cast<int>(DType::kFloat32));
+  EXPECT_EQ(FLASHHOP_INT32, static_cast<int>(DType::kInt32));
 }
 
 TEST(CApi, WorkspaceSizeOfValidCall) {
@@ -220,6 +221,81 @@ TEST(CApi, ForwardChecksTheDeviceAfterValidation) {
   } else {
     EXPECT_EQ(status, FLASHHOP_CUDA_ERROR);  // the current device cannot be asked
     EXPECT_TRUE(mentions(last_error(), "cudaGetDevice")) << last_error();
+  }
+}
+
+// A variable-length call: q (100, 8, 128), k and v (300, 2, 128), o like q, lse (8, 100), three
+// sequences (cu_seqlens int32 (4), seqused_k int32 (3)), bf16.
+struct CVarlenArgs {
+  flashhop_forward_args_t args{};
+  flashhop_tensor_t lse{}, cu_seqlens_q{}, cu_seqlens_k{}, seqused_k{};
+
+  CVarlenArgs() {
+    const auto at = [](std::uintptr_t gib) {
+      return reinterpret_cast<void*>(std::uintptr_t{0x7f2000000000} + (gib << 32));
+    };
+    using flashhop::make_contiguous;
+    args.q = to_c(make_contiguous(at(0), DType::kBFloat16, {100, 8, 128}));
+    args.k = to_c(make_contiguous(at(1), DType::kBFloat16, {300, 2, 128}));
+    args.v = to_c(make_contiguous(at(2), DType::kBFloat16, {300, 2, 128}));
+    args.o = to_c(make_contiguous(at(3), DType::kBFloat16, {100, 8, 128}));
+    lse = to_c(make_contiguous(at(4), DType::kFloat32, {8, 100}));
+    cu_seqlens_q = to_c(make_contiguous(at(5), DType::kInt32, {4}));
+    cu_seqlens_k = to_c(make_contiguous(at(6), DType::kInt32, {4}));
+    seqused_k = to_c(make_contiguous(at(7), DType::kInt32, {3}));
+    args.lse = &lse;
+    args.cu_seqlens_q = &cu_seqlens_q;
+    args.cu_seqlens_k = &cu_seqlens_k;
+    args.seqused_k = &seqused_k;
+    args.max_seqlen_q = 50;
+    args.max_seqlen_k = 200;
+  }
+  CVarlenArgs(const CVarlenArgs&) = delete;
+};
+
+TEST(CApi, VarlenFieldsArePassedOn) {
+  CVarlenArgs c;
+  size_t bytes = 0;
+  ASSERT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  EXPECT_EQ(bytes, 16u + (3u * 3u + 1u) * 4u);  // the tile list: a header, 3 ints per sequence and one more
+
+  c.seqused_k.shape[0] = 4;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "seqused_k.shape[0] (batch) = 4: expected 3")) << last_error();
+  c.seqused_k.shape[0] = 3;
+
+  c.args.max_seqlen_k = 0;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "max_seqlen_k = 0: expected >= 1")) << last_error();
+  c.args.max_seqlen_k = 200;
+
+  c.args.cu_seqlens_k = nullptr;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_NOT_SUPPORTED);
+  EXPECT_TRUE(mentions(last_error(), "cu_seqlens_k = none with cu_seqlens_q given")) << last_error();
+}
+
+// A zero-initialised variable-length part is a fixed-length call, whatever else the struct holds.
+TEST(CApi, ZeroVarlenFieldsMeanFixedLength) {
+  CArgs c;
+  EXPECT_EQ(c.args.cu_seqlens_q, nullptr);
+  c.args.seqused_q = &c.lse;
+  size_t bytes = 0;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_NOT_SUPPORTED);
+  EXPECT_TRUE(mentions(last_error(), "seqused_q is given without cu_seqlens_q")) << last_error();
+}
+
+// Without the workspace it asked for, a variable-length call is refused before anything runs, on
+// any machine (or, where the build left its kernel out, answered so).
+TEST(CApi, VarlenForwardNeedsItsWorkspace) {
+  CVarlenArgs c;
+  const flashhop_status_t status = flashhop_forward(&c.args, nullptr, 0, nullptr);
+  if (status == FLASHHOP_NOT_SUPPORTED) {
+    EXPECT_TRUE(mentions(last_error(), "variable-length forward kernel for dtype bfloat16 and head_dim 128"))
+        << last_error();
+  } else {
+    EXPECT_EQ(status, FLASHHOP_INVALID_ARGUMENT);
+    EXPECT_EQ(last_error(),
+              "workspace_bytes = 0: expected a workspace of at least 56 bytes (forward_workspace_size)");
   }
 }
 

@@ -92,6 +92,23 @@ TEST(RecipeLookup, EveryChoiceFindsARecipe) {
   EXPECT_FALSE(flashhop::detail::find_recipe(128, 64, false, false, kWide).has_value());
 }
 
+// The plan takes a head dim's variable-length kernel by mask kind: one recipe each, unpacked, its
+// O out through a buffer of its own or Q's (stored row by row).
+TEST(RecipeLookup, EachHeadDimAndMaskKindHasOneVariableLengthRecipe) {
+  for (const flashhop::sm90::ForwardRecipe& r : kForwardRecipes) {
+    int varlen = 0;
+    for (const flashhop::sm90::ForwardRecipe& other : kForwardRecipes) {
+      varlen += other.varlen && other.head_dim == r.head_dim && other.head_dim_v == r.head_dim_v &&
+                other.local() == r.local();
+    }
+    EXPECT_EQ(varlen, 1) << r.name;
+    if (r.varlen) {
+      EXPECT_FALSE(r.pack_gqa) << r.name;
+      EXPECT_NE(r.o_buffer, OBuffer::kTakeTurns) << r.name;
+    }
+  }
+}
+
 TEST(RecipeLookup, ShortQueryRowsAtHeadDim128) {
   // The 64-row tiles where 128-row ones would pad seqlen_q to more than 5/4 of 64-row ones: up to
   // 64 queries and from 129 to 192, with a mask or without; the keys do not matter.
@@ -141,21 +158,26 @@ TEST(RecipeAgreement, DispatchHoldsTheBuildsSelection) {
     return items;
   };
   const std::set<std::string> dtypes = split(FLASHHOP_TEST_DTYPES), head_dims = split(FLASHHOP_TEST_HEAD_DIMS);
-  // Each recipe of a table is compiled for exactly the selected dtypes where its head dims are selected.
-  const auto expect_selection = [&](const auto& recipes, bool (*compiled)(DType, int), const char* pass) {
+  // Each recipe of a table (that has the kernel: `has`) is compiled for exactly the selected dtypes
+  // where its head dims are selected.
+  const auto expect_selection = [&](const auto& recipes, bool (*compiled)(DType, int), const char* pass,
+                                    auto const& has) {
     for (int i = 0; i < static_cast<int>(std::size(recipes)); ++i) {
       const auto& r = recipes[i];
       const std::string dims = r.head_dim == r.head_dim_v
                                    ? std::to_string(r.head_dim)
                                    : std::to_string(r.head_dim) + "x" + std::to_string(r.head_dim_v);
       for (auto [dtype, name] : {std::pair{DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}}) {
-        const bool selected = dtypes.count(name) == 1 && head_dims.count(dims) == 1;
+        const bool selected = has(r) && dtypes.count(name) == 1 && head_dims.count(dims) == 1;
         EXPECT_EQ(compiled(dtype, i), selected) << pass << " " << name << " " << r.name;
       }
     }
   };
-  expect_selection(kForwardRecipes, flashhop::detail::forward_kernel_compiled, "forward");
-  expect_selection(flashhop::sm90::kBackwardRecipes, flashhop::detail::backward_kernel_compiled, "backward");
+  const auto every = [](const auto&) { return true; };
+  expect_selection(kForwardRecipes, flashhop::detail::forward_kernel_compiled, "forward", every);
+  expect_selection(kForwardRecipes, flashhop::detail::varlen_forward_kernel_compiled, "variable-length forward",
+                   [](const flashhop::sm90::ForwardRecipe& r) { return r.varlen; });
+  expect_selection(flashhop::sm90::kBackwardRecipes, flashhop::detail::backward_kernel_compiled, "backward", every);
 }
 
 }  // namespace

@@ -46,9 +46,10 @@ def _rows():
         for mask in ("nomask", "local"):
             rows.append(Recipe((d, d), mask, why="two consumer warpgroups of 64 key rows; dQ's columns split between them"))
     wide = "two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ"
-    for mask in ("nomask", "local"):
-        rows.append(Recipe((256, 256), mask, why=wide + "; one Q and dO stage (two would pass 227 KB)", block_n=64,
-                           stages=1, split="columns"))
+    for dims, stages in (((192, 192), 2), ((192, 128), 2), ((256, 256), 1)):
+        for mask in ("nomask", "local"):
+            why = wide + ("" if stages > 1 else "; one Q and dO stage (two would pass 227 KB)")
+            rows.append(Recipe(dims, mask, why=why, block_n=64, stages=stages, split="columns"))
     for r in rows:
         assert shared_bytes(r) <= SHARED_BYTES_PER_CTA, r.name
     return rows

@@ -3,11 +3,12 @@
 tools/backward_recipes.py):
 
 - src/kernels/sm90/fwd_recipes.h, bwd_recipes.h: the tables of recipes and their indices;
-- src/kernels/sm90/instantiations/{fwd,bwd}_<dtype>_<recipe>.cu: one kernel configuration per file;
+- src/kernels/sm90/instantiations/{fwd,bwd}_<dtype>_<recipe>.cu: one kernel configuration per file,
+  and fwd_<dtype>_<recipe>_varlen.cu for the recipes also compiled for variable-length batches;
 - src/kernels/sm90/instantiations/kernels.cmake: those files with their dtype, head dims and
   compile options, which CMake selects from by FLASHHOP_DTYPES and FLASHHOP_HEAD_DIMS;
-- src/kernels/sm90/fwd_kernel_list.inc, bwd_kernel_list.inc: the kernels dispatch can launch, each
-  present where CMake compiled its file.
+- src/kernels/sm90/fwd_kernel_list.inc, fwd_varlen_kernel_list.inc, bwd_kernel_list.inc: the
+  kernels dispatch can launch, each present where CMake compiled its file.
 
 --check writes nothing and fails if any of them differs from what this script writes.
 """
@@ -73,6 +74,7 @@ def recipe_fields(r):
         ("skip_rows_past_end", cpp_bool(x["skip_rows_past_end"])),
         ("skip_unseen_key_tiles", cpp_bool(x["skip_unseen_key_tiles"])),
         ("split", ENUMS["split"][x["split"]]),
+        ("varlen", cpp_bool(x["varlen"])),
         ("ptxas_register_usage_level", str(r.ptxas_register_usage_level)),
     ]
 
@@ -106,6 +108,11 @@ def dims_name(r):
 def kernels():
     """(file stem, dtype, recipe) of every forward kernel file."""
     return [(f"fwd_{dtype}_{r.name}", dtype, r) for dtype in DTYPES for r in RECIPES]
+
+
+def varlen_kernels():
+    """(file stem, dtype, recipe) of every variable-length forward kernel file."""
+    return [(f"fwd_{dtype}_{r.name}_varlen", dtype, r) for dtype in DTYPES for r in RECIPES if r.derived["varlen"]]
 
 
 def backward_kernels():
@@ -165,12 +172,12 @@ def backward_kernel_list():
     return "\n".join(lines) + "\n"
 
 
-def instantiation(dtype, r):
+def instantiation(dtype, r, launcher="launch_forward"):
     extra = '\n#include "kernels/sm90/wgmma_extended.h"' if r.block_n in EXTENDED_WGMMA_BLOCK_N else ""
     return (f"// {GENERATED}\n"
             f'#include "kernels/sm90/fwd_launch_impl.h"{extra}\n\n'
             "namespace flashhop::sm90 {\n"
-            f"template Status launch_forward<{DTYPES[dtype][0]}, recipe::{r.name}>(ForwardParams const&, cudaStream_t);\n"
+            f"template Status {launcher}<{DTYPES[dtype][0]}, recipe::{r.name}>(ForwardParams const&, cudaStream_t);\n"
             "}  // namespace flashhop::sm90\n")
 
 
@@ -179,7 +186,7 @@ def kernels_cmake():
              "tools/backward_recipes.py; do not edit.",
              "# One entry per kernel file: file stem|dtype|head dims (d, or DxDV)|extra compile options.",
              "set(FLASHHOP_KERNELS"]
-    for stem, dtype, r in kernels():
+    for stem, dtype, r in kernels() + varlen_kernels():
         options = (f"-Xptxas=--register-usage-level={r.ptxas_register_usage_level}"
                    if r.ptxas_register_usage_level >= 0 else "")
         lines.append(f'  "{stem}|{dtype}|{dims_name(r)}|{options}"')
@@ -189,23 +196,26 @@ def kernels_cmake():
     return "\n".join(lines) + "\n"
 
 
-def kernel_list():
+def kernel_list(macro="FLASHHOP_FORWARD_KERNEL", listed=kernels):
     lines = [f"// {GENERATED}",
-             "// The kernels dispatch can launch: FLASHHOP_FORWARD_KERNEL(element, dtype, recipe index), each",
+             f"// The kernels dispatch can launch: {macro}(element, dtype, recipe index), each",
              "// where CMake compiled its file (which defines FLASHHOP_KERNEL_<file stem>)."]
-    for stem, dtype, r in kernels():
+    for stem, dtype, r in listed():
         element, dtype_enum = DTYPES[dtype]
         lines += [f"#if defined(FLASHHOP_KERNEL_{stem})",
-                  f"FLASHHOP_FORWARD_KERNEL({element}, {dtype_enum}, sm90::recipe::{r.name})", "#endif"]
+                  f"{macro}({element}, {dtype_enum}, sm90::recipe::{r.name})", "#endif"]
     return "\n".join(lines) + "\n"
 
 
 def expected_files():
     files = {SM90 / "fwd_recipes.h": recipes_header(), SM90 / "fwd_kernel_list.inc": kernel_list(),
+             SM90 / "fwd_varlen_kernel_list.inc": kernel_list("FLASHHOP_VARLEN_FORWARD_KERNEL", varlen_kernels),
              SM90 / "bwd_recipes.h": backward_recipes_header(), SM90 / "bwd_kernel_list.inc": backward_kernel_list(),
              INSTANTIATIONS / "kernels.cmake": kernels_cmake()}
     for stem, dtype, r in kernels():
         files[INSTANTIATIONS / f"{stem}.cu"] = instantiation(dtype, r)
+    for stem, dtype, r in varlen_kernels():
+        files[INSTANTIATIONS / f"{stem}.cu"] = instantiation(dtype, r, "launch_varlen_forward")
     for stem, dtype, r in backward_kernels():
         files[INSTANTIATIONS / f"{stem}.cu"] = backward_instantiation(dtype, r)
     return files

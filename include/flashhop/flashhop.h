@@ -18,6 +18,35 @@
 // side. Causal with a window is the window with window_right = 0. A fully masked row gives O = 0
 // and LSE = -inf.
 //
+// Variable-length (packed) batches, as FlashAttention-3's varlen forward: with cu_seqlens_q and
+// cu_seqlens_k (ForwardArgs), the sequences of a batch lie one after another along the first
+// dimension, and the batch is cu_seqlens_q.shape[0] - 1:
+//   Q   (total_q, nheads,    d)
+//   K   (total_k, nheads_kv, d)
+//   V   (total_k, nheads_kv, dv)
+//   O   (total_q, nheads,    dv)
+//   LSE (nheads, total_q), float32; optional.
+// Sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of Q and O (columns of LSE) and rows
+// cu_seqlens_k[b] .. cu_seqlens_k[b + 1] of K and V, of which only the first seqused_q[b] /
+// seqused_k[b] are used where those are given; the masks align each sequence's own corner. O and
+// LSE rows outside the used rows are left as they are. The rows of K and V past a sequence's used
+// keys, up to total_k, may be read (and weighed by zero), so they must hold finite values. Every
+// mask, soft-capping, GQA and head dim of the fixed-length forward; query heads are not packed
+// into tiles (pack_gqa is ignored); there is no variable-length backward yet.
+//
+// Paged KV cache, as FlashAttention-3's page_table: with page_table (ForwardArgs), the queries are
+// a variable-length batch as above (cu_seqlens_q) and K and V are a cache of pages
+//   K   (num_pages, page_size, nheads_kv, d)
+//   V   (num_pages, page_size, nheads_kv, dv)
+//   page_table (batch, max_pages), int32
+// Key j of sequence b is row j % page_size of page page_table[b][j / page_size]; seqused_k[b]
+// says how many keys sequence b has (cu_seqlens_k is not given). Any page size from 1 up, an even
+// one where d or dv is 96; pages may be shared and in any order. Rows of a sequence's last page past its keys
+// may be read (and weighed by zero), so they must hold finite values; page ids outside
+// [0, num_pages) read as zeros, never memory outside the pages. A contiguous cache
+// (batch_cache, seqlen_cache, nheads_kv, d) is the paged one with page_size = seqlen_cache and
+// one page per sequence (page_table[b][0] = the cache entry of sequence b).
+//
 // Every call is asynchronous on the caller's stream, allocates nothing and keeps no global state.
 #pragma once
 
@@ -30,11 +59,11 @@
 
 namespace flashhop {
 
-enum class DType { kFloat16, kBFloat16, kFloat32 };
+enum class DType { kFloat16, kBFloat16, kFloat32, kInt32 };  // kInt32: cu_seqlens and seqused only
 
 // Size in bytes of one element of `dtype`.
 std::size_t dtype_size(DType dtype);
-// "float16", "bfloat16", "float32".
+// "float16", "bfloat16", "float32", "int32".
 const char* dtype_name(DType dtype);
 
 inline constexpr int kMaxRank = 4;
@@ -83,6 +112,23 @@ struct ForwardArgs {
   int window_left = -1, window_right = -1;   // sliding window; -1: unbounded (with causal, window_right is 0 or -1)
   float softcap = 0.f;                       // > 0: scores s = softmax_scale q.k become softcap * tanh(s / softcap)
   PackGqa pack_gqa = PackGqa::kAuto;
+
+  // Variable-length batches (the layout above). cu_seqlens_q and cu_seqlens_k: both or neither;
+  // contiguous int32 (batch + 1) on q's device, the cumulative sequence lengths (entry 0 usually 0,
+  // non-decreasing, none past total_q, respectively total_k). seqused_q / seqused_k: only with them,
+  // contiguous int32 (batch), how many rows of each sequence's slot are used. max_seqlen_q and
+  // max_seqlen_k: with cu_seqlens, bounds >= 1 on every sequence's length (FlashAttention-3's
+  // max_seqlen; the kernels' grid is sized by them); without, 0.
+  // The library cannot read device memory while it validates: it checks these tensors' descriptors
+  // only. The kernels read the values defensively: offsets clamped to [0, total], a decreasing pair
+  // as an empty sequence, seqused clamped to the slot, lengths past max_seqlen cut at max_seqlen.
+  std::optional<TensorDesc> cu_seqlens_q, cu_seqlens_k;
+  std::optional<TensorDesc> seqused_q, seqused_k;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  // A paged KV cache (the layout above): int32 (batch, max_pages) on q's device, its last dimension
+  // contiguous; with cu_seqlens_q and seqused_k, without cu_seqlens_k. max_seqlen_k bounds the
+  // sequences' keys as with cu_seqlens_k.
+  std::optional<TensorDesc> page_table;
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): none
@@ -90,7 +136,9 @@ struct ForwardArgs {
 // without a mask at head dims 96 and 128, and at 64 on its 64-row tiles (packed GQA rows, short
 // query sequences), when the tiles leave a last round (or a single one, as in decoding) that pays
 // to split over the device's SMs by keys, room for the split's partial results (for the current
-// device's SM count, up to about 20 MB); else 0.
+// device's SM count, up to about 20 MB); else 0. With cu_seqlens (and a page table or not): none
+// without sequences or query rows, else the tile list of the variable-length scheduler: 16 bytes
+// and 12 per sequence and 4 more.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.

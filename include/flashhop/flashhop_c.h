@@ -21,7 +21,8 @@ typedef enum {
   FLASHHOP_INTERNAL_ERROR = 4
 } flashhop_status_t;
 
-typedef enum { FLASHHOP_FLOAT16 = 0, FLASHHOP_BFLOAT16 = 1, FLASHHOP_FLOAT32 = 2 } flashhop_dtype_t;
+/* FLASHHOP_INT32: cu_seqlens and seqused only. */
+typedef enum { FLASHHOP_FLOAT16 = 0, FLASHHOP_BFLOAT16 = 1, FLASHHOP_FLOAT32 = 2, FLASHHOP_INT32 = 3 } flashhop_dtype_t;
 
 /* flashhop::PackGqa */
 typedef enum { FLASHHOP_PACK_GQA_AUTO = 0, FLASHHOP_PACK_GQA_OFF = 1, FLASHHOP_PACK_GQA_ON = 2 } flashhop_pack_gqa_t;
@@ -36,7 +37,9 @@ typedef struct {
 } flashhop_tensor_t;
 
 /* A zero-initialised struct asks for plain attention with the default scale; the fields mean what
- * flashhop::ForwardArgs's do (flashhop.h). */
+ * flashhop::ForwardArgs's do (flashhop.h). New fields are appended, with 0 / NULL meaning what the
+ * struct meant without them (the variable-length fields: a fixed-length call). The struct carries
+ * no size: a program built against an older header must be rebuilt with this one. */
 typedef struct {
   flashhop_tensor_t q, k, v, o;
   const flashhop_tensor_t* lse; /* NULL: not written */
@@ -48,6 +51,15 @@ typedef struct {
   int window_right;             /* with use_window: keys right of the diagonal, -1 unbounded */
   float softcap;                /* 0: off; > 0: scores s become softcap * tanh(s / softcap) */
   flashhop_pack_gqa_t pack_gqa; /* 0 (FLASHHOP_PACK_GQA_AUTO): packed when it fills query tiles better */
+  /* Variable-length (packed) batches: q, k, v and o 3-D, lse (nheads, total_q). NULL / 0: fixed length. */
+  const flashhop_tensor_t* cu_seqlens_q; /* int32 (batch + 1); with cu_seqlens_k */
+  const flashhop_tensor_t* cu_seqlens_k; /* int32 (batch + 1); with cu_seqlens_q */
+  const flashhop_tensor_t* seqused_q;    /* NULL, or int32 (batch) with cu_seqlens */
+  const flashhop_tensor_t* seqused_k;    /* NULL, or int32 (batch) with cu_seqlens */
+  int max_seqlen_q;                      /* with cu_seqlens: >= 1, a bound on the query lengths; else 0 */
+  int max_seqlen_k;                      /* with cu_seqlens: >= 1, a bound on the key lengths; else 0 */
+  /* A paged KV cache: k and v (num_pages, page_size, nheads_kv, d); with cu_seqlens_q and seqused_k. */
+  const flashhop_tensor_t* page_table; /* NULL, or int32 (batch, max_pages) */
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

@@ -8,13 +8,18 @@
 
 The Hugging Face transformers integration is flashhop.integrations.transformers (imported on its own).
 
-The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (its gradients).
+The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (its gradients),
+torch.ops.flashhop.varlen_fwd behind flash_attn_varlen_func (packed batches of sequences of different
+lengths, forward only) and torch.ops.flashhop.paged_fwd behind flash_attn_with_kvcache (queries over
+a contiguous or paged KV cache).
 """
 try:
     import torch  # noqa: F401
 except ImportError as error:
     raise ImportError("flashhop needs PyTorch: install torch (a CUDA build) first") from error
 
-from .interface import flash_attn_func, scaled_dot_product_attention, sdpa_override
+from .interface import (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, scaled_dot_product_attention,
+                        sdpa_override)
 
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "sdpa_override"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "scaled_dot_product_attention",
+           "sdpa_override"]

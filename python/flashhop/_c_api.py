@@ -15,7 +15,7 @@ _MAX_RANK = 4
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 # flashhop_dtype_t
-_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.int32: 3}
 
 # flashhop_status_t
 _SUCCESS = 0
@@ -56,6 +56,13 @@ class _ForwardArgs(ctypes.Structure):
         ("window_right", ctypes.c_int),
         ("softcap", ctypes.c_float),
         ("pack_gqa", ctypes.c_int),  # flashhop_pack_gqa_t
+        ("cu_seqlens_q", ctypes.POINTER(_Tensor)),
+        ("cu_seqlens_k", ctypes.POINTER(_Tensor)),
+        ("seqused_q", ctypes.POINTER(_Tensor)),
+        ("seqused_k", ctypes.POINTER(_Tensor)),
+        ("max_seqlen_q", ctypes.c_int),
+        ("max_seqlen_k", ctypes.c_int),
+        ("page_table", ctypes.POINTER(_Tensor)),
     ]
 
 
@@ -122,7 +129,8 @@ def _check(status):
 def _describe(name, tensor):
     """A flashhop_tensor_t viewing `tensor`; ranks above 4 are recorded for the library to reject."""
     if tensor.dtype not in _DTYPES:
-        raise ValueError(f"flashhop: {name}.dtype = {tensor.dtype}: expected torch.float16 or torch.bfloat16")
+        raise ValueError(f"flashhop: {name}.dtype = {tensor.dtype}: expected torch.float16 or torch.bfloat16"
+                         " (torch.int32 for cu_seqlens and seqused)")
     desc = _Tensor(data=tensor.data_ptr(), dtype=_DTYPES[tensor.dtype], rank=tensor.dim(),
                    device=tensor.device.index)
     for d in range(min(tensor.dim(), _MAX_RANK)):
@@ -165,6 +173,31 @@ def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
     lse_desc = _describe("lse", lse)
     args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
                         lse=ctypes.pointer(lse_desc), pack_gqa=_PACK_GQA[pack_gqa],
+                        **_options(softmax_scale, causal, window_left, window_right, softcap))
+    _run(_library.flashhop_forward_workspace_size, _library.flashhop_forward, args, q.device)
+
+
+def _bound(value):
+    """A max_seqlen as the C API's int: past INT32_MAX it bounds every int32 length as INT32_MAX
+    does; a negative one is passed on for the library to name."""
+    return max(min(value, _INT32_MAX), _INT32_MIN)
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, out, lse,
+                   softmax_scale, causal, window_left, window_right, softcap, pack_gqa, page_table=None):
+    """Runs the variable-length forward into `out` (total_q, nheads, head_dim_v) and `lse` (nheads,
+    total_q) on the current stream of q's device, which must be the current device; with
+    `page_table`, k and v are a paged cache (num_pages, page_size, nheads_kv, d) and cu_seqlens_k is
+    None."""
+    descs = {"lse": _describe("lse", lse), "cu_seqlens_q": _describe("cu_seqlens_q", cu_seqlens_q)}
+    for name, tensor in (("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q), ("seqused_k", seqused_k),
+                         ("page_table", page_table)):
+        if tensor is not None:
+            descs[name] = _describe(name, tensor)
+    pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}
+    args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
+                        pack_gqa=_PACK_GQA[pack_gqa], max_seqlen_q=_bound(max_seqlen_q),
+                        max_seqlen_k=_bound(max_seqlen_k), **pointers,
                         **_options(softmax_scale, causal, window_left, window_right, softcap))
     _run(_library.flashhop_forward_workspace_size, _library.flashhop_forward, args, q.device)
 

@@ -1,4 +1,5 @@
-"""The PyTorch operators flashhop::fwd and flashhop::bwd, registered with torch.library.
+"""The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd and flashhop::paged_fwd,
+registered with torch.library.
 
 Their fake implementations give torch.compile the output shapes without running anything, so a
 compiled model traces through them with no graph break. The CUDA implementation allocates through
@@ -94,3 +95,93 @@ def _fwd_backward(ctx, grad_out, grad_lse):
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)
+
+
+_VARLEN_LAYOUTS = {"q": "(total_q, nheads, head_dim)", "v": "(total_k, nheads_kv, head_dim_v)"}
+
+
+def _empty_varlen_outputs(q, v):
+    """out (total_q, nheads, head_dim_v) in q's dtype and lse (nheads, total_q) in float32,
+    FlashAttention-3's variable-length layout; as _empty_outputs, only the ranks these shapes are
+    read from are checked here."""
+    for name, tensor in (("q", q), ("v", v)):
+        if tensor.dim() != 3:
+            raise ValueError(f"flashhop: {name}.rank = {tensor.dim()}: expected 3 {_VARLEN_LAYOUTS[name]} "
+                             "with cu_seqlens")
+    total_q, nheads, _ = q.shape
+    out = q.new_empty((total_q, nheads, v.shape[2]))
+    lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashhop::varlen_fwd", mutates_args=())
+def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
+               max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
+               window_right: int, softcap: float,
+               pack_gqa: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flashhop::fwd over a packed batch: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of
+    q (total_q, nheads, head_dim) and rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (total_k,
+    nheads_kv, head_dim[_v]), of which the first seqused_q[b] / seqused_k[b] are used where given;
+    masks align to each sequence's own bottom-right corner. max_seqlen_q / max_seqlen_k bound the
+    lengths (>= 1). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q); rows past
+    seqused_q are left as torch.empty made them."""
+    tensors = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+               ("seqused_q", seqused_q), ("seqused_k", seqused_k))
+    for name, tensor in tensors:
+        if tensor is not None and tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    out, lse = _empty_varlen_outputs(q, v)
+    with torch.cuda.device(q.device):
+        _c_api.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                              out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
+    return out, lse
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None):
+    return _empty_varlen_outputs(q, v)
+
+
+def _varlen_fwd_backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError("flashhop: the variable-length backward is not implemented: flash_attn_varlen_func "
+                              "is not differentiable yet")
+
+
+def _varlen_save_for_backward(ctx, inputs, output):
+    pass
+
+
+varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_save_for_backward)
+
+
+@torch.library.custom_op("flashhop::paged_fwd", mutates_args=())
+def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+              cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+              softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+              softcap: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flashhop::varlen_fwd's queries over a paged KV cache: k_cache and v_cache (num_pages,
+    page_size, nheads_kv, head_dim[_v]); key j of sequence b is row j % page_size of page
+    page_table[b, j // page_size], and sequence b has seqused_k[b] keys. Returns out (total_q,
+    nheads, head_dim_v) and lse (nheads, total_q)."""
+    tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
+               ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k))
+    for name, tensor in tensors:
+        if tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    if v_cache.dim() != 4:
+        raise ValueError(f"flashhop: v_cache.rank = {v_cache.dim()}: expected 4 "
+                         "(num_pages, page_size, nheads_kv, head_dim_v)")
+    out, lse = _empty_varlen_outputs(q, v_cache[0])
+    with torch.cuda.device(q.device):
+        _c_api.varlen_forward(q, k_cache, v_cache, cu_seqlens_q, None, None, seqused_k, max_seqlen_q, max_seqlen_k,
+                              out, lse, softmax_scale, causal, window_left, window_right, softcap, None,
+                              page_table=page_table)
+    return out, lse
+
+
+@paged_fwd.register_fake
+def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                    softmax_scale, causal, window_left, window_right, softcap):
+    return _empty_varlen_outputs(q, v_cache[0])

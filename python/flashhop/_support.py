@@ -4,15 +4,13 @@ authority on every argument; these are the facts that decide a fallback."""
 import torch
 
 DTYPES = (torch.float16, torch.bfloat16)
-# (head_dim, head_dim_v) of the forward kernels and of the backward's.
+# (head_dim, head_dim_v) of the kernels, forward and backward.
 HEAD_DIMS = {(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)}
-BACKWARD_HEAD_DIMS = {(64, 64), (96, 96), (128, 128), (256, 256)}
 
 
 def unsupported_reason(q, k, v):
-    """None where the kernels compute attention over q, k and v (either layout: the head dim is
-    last in both), and its gradients if autograd will ask for them; otherwise why not, in a few
-    words that name the property."""
+    """None where the kernels compute attention over q, k and v and its gradients (either layout:
+    the head dim is last in both); otherwise why not, in a few words that name the property."""
     tensors = (q, k, v)
     for t in tensors:
         if t.device.type != "cuda":
@@ -27,7 +25,4 @@ def unsupported_reason(q, k, v):
     head_dims = (q.shape[-1], v.shape[-1])
     if k.shape[-1] != q.shape[-1] or head_dims not in HEAD_DIMS:
         return f"head dims {head_dims}"
-    needs_gradients = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    if needs_gradients and head_dims not in BACKWARD_HEAD_DIMS:
-        return f"gradients at head dims {head_dims}"
     return None

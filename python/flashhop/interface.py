@@ -1,7 +1,7 @@
-"""The public functions: FlashAttention-3's `flash_attn_func`, a drop-in for
-torch.nn.functional.scaled_dot_product_attention, and `sdpa_override`, which routes torch's own
-function to it. Arguments that the kernels do not support yet raise NotImplementedError, never get
-ignored."""
+"""The public functions: FlashAttention-3's `flash_attn_func`, `flash_attn_varlen_func` and
+`flash_attn_with_kvcache`, a drop-in for torch.nn.functional.scaled_dot_product_attention, and
+`sdpa_override`, which routes torch's own function to it. Arguments that the kernels do not
+support yet raise NotImplementedError, never get ignored."""
 import contextlib
 
 import torch
@@ -31,22 +31,159 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     library choose (it packs when that fills the query tiles better), True always packs,
     False never does; the result is the same attention either way.
     deterministic: the backward accumulates dq in a fixed order, so that repeated backward calls are
-    bitwise identical (dk and dv always are); differentiable through torch.ops.flashhop.bwd for head
-    dims 64, 96, 128 and 256.
+    bitwise identical (dk and dv always are); differentiable through torch.ops.flashhop.bwd.
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
     """
+    window_left, window_right = _window(window_size, causal)
+    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
+                                              pack_gqa, deterministic)
+    return (out, softmax_lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           pack_gqa=None, deterministic=False, return_attn_probs=False):
+    """Exact attention over a packed batch of sequences of different lengths, as
+    FlashAttention-3's function of this name; the forward only (no gradients yet), and query heads
+    are not packed into tiles (pack_gqa is accepted and ignored).
+
+    q: (total_q, nheads, head_dim); k: (total_k, nheads_kv, head_dim); v: (total_k, nheads_kv,
+    head_dim_v); dtypes, head dims and strides as flash_attn_func's.
+    cu_seqlens_q, cu_seqlens_k: int32 (batch + 1) CUDA tensors; sequence b is rows
+    cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v.
+    max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's length (0 for a batch of empty
+    sequences).
+    seqused_q, seqused_k: None, or int32 (batch) CUDA tensors: only the first seqused[b] rows of
+    sequence b's slot are used.
+    softmax_scale, causal, window_size, softcap, pack_gqa: as flash_attn_func's, each sequence's mask
+    aligned to its own bottom-right corner. deterministic: for the backward, which the
+    variable-length path does not have yet.
+    Returns out (total_q, nheads, head_dim_v), and with return_attn_probs also softmax_lse (nheads,
+    total_q) in float32, as FlashAttention-3 does.
+    """
+    window_left, window_right = _window(window_size, causal)
+    for name, tensor in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"flashhop: {name} = {tensor!r}: expected an int32 tensor of batch + 1 offsets")
+    for name, tensor in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"flashhop: {name} = {tensor!r}: expected None or an int32 tensor of batch lengths")
+    bounds = []
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"flashhop: {name} = {value!r}: expected an int >= 0, the longest sequence's length")
+        # The library takes a bound >= 1; 0 (every sequence empty) is bounded by 1 as well.
+        bounds.append(max(value, 1))
+    out, softmax_lse = torch.ops.flashhop.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                                     *bounds, softmax_scale, causal, window_left, window_right,
+                                                     softcap, pack_gqa)
+    return (out, softmax_lse) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, num_splits=0, pack_gqa=None, return_softmax_lse=False):
+    """Attention of new queries over a KV cache, as FlashAttention-3's function of this name, for
+    decoding and chunked prefill.
+
+    q: (batch, seqlen_q, nheads, head_dim), or with cu_seqlens_q (total_q, nheads, head_dim) and
+    max_seqlen_q, the queries of sequence b being rows cu_seqlens_q[b]:cu_seqlens_q[b + 1].
+    k_cache, v_cache: a contiguous cache (batch_cache, seqlen_cache, nheads_kv, head_dim[_v]),
+    sequence b reading entry cache_batch_idx[b] (default b); or with page_table (batch, max_pages)
+    int32 a paged cache (num_pages, page_size, nheads_kv, head_dim[_v]), key j of sequence b being
+    row j % page_size of page page_table[b, j // page_size]. Any page size from 1 up (an even one at
+    head dim 96).
+    cache_seqlens: int, or int32 (batch) tensor: the keys of each sequence in the cache (default:
+    the whole cache entry, seqlen_cache or max_pages * page_size).
+    softmax_scale, causal, window_size, softcap: as flash_attn_func's, each sequence's mask aligned to
+    its own bottom-right corner (its last query sees its last key).
+    num_splits and pack_gqa: accepted; the kernels choose.
+    Appending k / v into the cache with the rotary embedding (k, v, rotary_cos, rotary_sin,
+    cu_seqlens_k_new, rotary_seqlens) and cache_leftpad are not implemented yet and raise
+    NotImplementedError.
+    Returns out in q's layout with head_dim_v, and with return_softmax_lse also softmax_lse in
+    float32: (batch, nheads, seqlen_q), or (nheads, total_q) with cu_seqlens_q.
+    """
+    for name, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_seqlens", rotary_seqlens),
+                        ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise NotImplementedError(f"flashhop: flash_attn_with_kvcache({name}=...) is not implemented yet: "
+                                      "appending to the cache, rotary embeddings and left padding are to come")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"flashhop: num_splits = {num_splits!r}: expected an int >= 0 (0: the kernels choose)")
+    window_left, window_right = _window(window_size, causal)
+    for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"flashhop: {name} = {tensor!r}: expected a tensor")
+    if k_cache.dim() != 4:
+        raise ValueError(f"flashhop: k_cache.rank = {k_cache.dim()}: expected 4 (batch_cache, seqlen_cache, "
+                         "nheads_kv, head_dim) or, with page_table, (num_pages, page_size, nheads_kv, head_dim)")
+    device = q.device
+    if cu_seqlens_q is None:
+        if q.dim() != 4:
+            raise ValueError(f"flashhop: q.rank = {q.dim()}: expected 4 (batch, seqlen_q, nheads, head_dim) "
+                             "without cu_seqlens_q")
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=device) * seqlen_q
+        queries = q.reshape(batch * seqlen_q, q.shape[2], q.shape[3])
+        bound_q = seqlen_q
+    else:
+        if not isinstance(cu_seqlens_q, torch.Tensor):
+            raise ValueError(f"flashhop: cu_seqlens_q = {cu_seqlens_q!r}: expected an int32 tensor of batch + 1 "
+                             "offsets")
+        if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+            raise ValueError(f"flashhop: max_seqlen_q = {max_seqlen_q!r}: expected an int >= 0 with cu_seqlens_q")
+        batch, cu_seqlens, queries, bound_q = cu_seqlens_q.shape[0] - 1, cu_seqlens_q, q, max_seqlen_q
+    if page_table is None:
+        # A contiguous cache is a paged one of one page per cache entry.
+        if cache_batch_idx is None:
+            if k_cache.shape[0] < batch:
+                raise ValueError(f"flashhop: k_cache.shape[0] (batch_cache) = {k_cache.shape[0]}: expected >= "
+                                 f"{batch} (the batch) without cache_batch_idx")
+            entries = torch.arange(batch, dtype=torch.int32, device=device)
+        else:
+            if not isinstance(cache_batch_idx, torch.Tensor) or cache_batch_idx.dim() != 1 \
+                    or cache_batch_idx.shape[0] != batch:
+                raise ValueError(f"flashhop: cache_batch_idx: expected an int32 tensor of {batch} cache entries")
+            entries = cache_batch_idx.to(torch.int32)
+        table = entries.view(batch, 1)
+    else:
+        if cache_batch_idx is not None:
+            raise ValueError("flashhop: cache_batch_idx is given with page_table: expected one of them (the page "
+                             "table names each sequence's pages)")
+        table = page_table
+    capacity = table.shape[1] * k_cache.shape[1]
+    if cache_seqlens is None:
+        keys = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        keys = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        keys = cache_seqlens
+    else:
+        raise ValueError(f"flashhop: cache_seqlens = {cache_seqlens!r}: expected None, an int or an int32 tensor "
+                         "of batch key counts")
+    out, softmax_lse = torch.ops.flashhop.paged_fwd(queries, k_cache, v_cache, table, cu_seqlens, keys,
+                                                    max(bound_q, 1), max(capacity, 1), softmax_scale, causal,
+                                                    window_left, window_right, softcap)
+    if cu_seqlens_q is None:
+        out = out.view(batch, q.shape[1], q.shape[2], out.shape[2])
+        softmax_lse = softmax_lse.view(q.shape[2], batch, q.shape[1]).permute(1, 0, 2)
+    return (out, softmax_lse) if return_softmax_lse else out
+
+
+def _window(window_size, causal):
+    """(window_left, window_right) from FlashAttention's window_size; causal sets the right side to 0,
+    as FlashAttention-3 does (the library itself rejects causal with a window to the right)."""
     window_size = tuple(window_size)
     if len(window_size) != 2:
         raise ValueError(f"flashhop: window_size = {window_size}: expected (left, right)")
     window_left, window_right = window_size
-    if causal:
-        # As FlashAttention-3 does; the library itself rejects causal with a window to the right.
-        window_right = 0
-    out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                                              pack_gqa, deterministic)
-    return (out, softmax_lse) if return_attn_probs else out
+    return window_left, 0 if causal else window_right
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -90,9 +227,9 @@ def sdpa_override():
     """Within the block, torch.nn.functional.scaled_dot_product_attention runs the calls that
     flashhop computes through scaled_dot_product_attention above, and passes every other call on,
     unchanged, to the function it replaced. flashhop takes 4-D CUDA float16 / bfloat16 inputs with
-    the head dims flash_attn_func lists (64, 96, 128 or 256 where gradients are needed), no attn_mask,
-    dropout_p = 0, any is_causal, scale and enable_gqa. The replaced function comes back on exit,
-    on an exception too; blocks nest. The replacement is of the module attribute, process-wide:
+    the head dims flash_attn_func lists, no attn_mask, dropout_p = 0, any is_causal, scale and
+    enable_gqa. The replaced function comes back on exit, on an exception too; blocks nest. The
+    replacement is of the module attribute, process-wide:
     other threads see it while the block runs, and code that bound the function to a name of its
     own before the block (`from torch.nn.functional import scaled_dot_product_attention`) keeps
     calling torch's."""

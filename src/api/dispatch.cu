@@ -29,6 +29,14 @@ constexpr CompiledKernel<sm90::ForwardParams> kForwardKernels[] = {
 };
 #undef FLASHHOP_FORWARD_KERNEL
 
+#define FLASHHOP_VARLEN_FORWARD_KERNEL(Element, dtype, recipe) \
+  {dtype, recipe, &sm90::launch_varlen_forward<Element, recipe>},
+constexpr CompiledKernel<sm90::ForwardParams> kVarlenForwardKernels[] = {
+#include "kernels/sm90/fwd_varlen_kernel_list.inc"
+    {DType::kFloat32, -1, nullptr},  // keeps the table non-empty in a build without kernels
+};
+#undef FLASHHOP_VARLEN_FORWARD_KERNEL
+
 #define FLASHHOP_BACKWARD_KERNEL(Element, dtype, recipe) {dtype, recipe, &sm90::launch_backward<Element, recipe>},
 constexpr CompiledKernel<sm90::BackwardParams> kBackwardKernels[] = {
 #include "kernels/sm90/bwd_kernel_list.inc"
@@ -76,6 +84,14 @@ bool forward_kernel_compiled(DType dtype, int recipe) { return launcher_of(kForw
 
 Status launch_forward(const ForwardPlan& plan, cudaStream_t stream) {
   return launch_planned(kForwardKernels, "forward", plan, stream);
+}
+
+bool varlen_forward_kernel_compiled(DType dtype, int recipe) {
+  return launcher_of(kVarlenForwardKernels, dtype, recipe) != nullptr;
+}
+
+Status launch_varlen_forward(const ForwardPlan& plan, cudaStream_t stream) {
+  return launch_planned(kVarlenForwardKernels, "variable-length forward", plan, stream);
 }
 
 bool backward_kernel_compiled(DType dtype, int recipe) {

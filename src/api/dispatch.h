@@ -18,6 +18,11 @@ Status check_compute_capability(int major, int minor);
 // Whether this build compiled the kernel of `dtype` and recipe index `recipe`.
 bool forward_kernel_compiled(DType dtype, int recipe);
 
+// The forward of a variable-length batch (plan.varlen set) on `stream`; kNotSupported when this
+// build did not compile its kernel.
+Status launch_varlen_forward(const ForwardPlan& plan, cudaStream_t stream);
+bool varlen_forward_kernel_compiled(DType dtype, int recipe);
+
 // The backward's kernels of plan.dtype and plan.recipe on `stream` (workspace bound); kNotSupported
 // when this build did not compile them.
 Status launch_backward(const BackwardPlan& plan, cudaStream_t stream);

@@ -18,6 +18,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::kBFloat16:
       return 2;
     case DType::kFloat32:
+    case DType::kInt32:
       return 4;
   }
   return 0;
@@ -31,6 +32,8 @@ const char* dtype_name(DType dtype) {
       return "bfloat16";
     case DType::kFloat32:
       return "float32";
+    case DType::kInt32:
+      return "int32";
   }
   return "unknown";
 }
@@ -188,6 +191,11 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
   detail::ForwardPlan plan = detail::plan_forward(args, device_status.ok() ? device : detail::DeviceFacts{});
   // The profiler's range, named by the plan, until the call returns (nvtx.h).
   const detail::ScopedRange range("forward", plan);
+  // A variable-length batch without kernels for it: said before any device check, as what this
+  // build lacks, not what the device does.
+  if (plan.varlen && !detail::varlen_forward_kernel_compiled(plan.dtype, plan.recipe)) {
+    return detail::launch_varlen_forward(plan, stream);
+  }
 
   const std::size_t required = plan.workspace_bytes;
   if (Status status = check_workspace(workspace, workspace_bytes, required, "forward_workspace_size"); !status.ok()) {
@@ -208,12 +216,30 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
       !status.ok()) {
     return status;
   }
+  if (plan.varlen) {
+    const detail::VarlenPlan& varlen = *plan.varlen;
+    if (Status status = check_device_memory(args.q.device, {{"cu_seqlens_q.data", varlen.cu_seqlens_q, true},
+                                                            {"cu_seqlens_k.data", varlen.cu_seqlens_k,
+                                                             varlen.cu_seqlens_k != nullptr},
+                                                            {"page_table.data", plan.params.page_table,
+                                                             plan.params.page_table != nullptr && varlen.batch > 0},
+                                                            {"seqused_q.data", varlen.seqused_q,
+                                                             varlen.seqused_q != nullptr && varlen.batch > 0},
+                                                            {"seqused_k.data", varlen.seqused_k,
+                                                             varlen.seqused_k != nullptr && varlen.batch > 0}});
+        !status.ok()) {
+      return status;
+    }
+  }
 
   // No query rows: O and LSE are empty. (With seqlen_k == 0 the kernel still runs: it writes O = 0
   // and LSE = -inf.)
   if (plan.params.batch == 0 || plan.params.seqlen_q == 0) return Status::success();
 
-  if (Status status = detail::launch_forward(plan, stream); !status.ok()) return status;
+  if (Status status = plan.varlen ? detail::launch_varlen_forward(plan, stream) : detail::launch_forward(plan, stream);
+      !status.ok()) {
+    return status;
+  }
   if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return cuda_error("forward kernel launch", error);
   return Status::success();
 }

@@ -105,6 +105,15 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
   }
   if (args->lse != nullptr) out->lse = to_cpp(*args->lse);
   out->pack_gqa = static_cast<flashhop::PackGqa>(args->pack_gqa);
+  for (const auto& [tensor, field] : {std::pair{args->cu_seqlens_q, &out->cu_seqlens_q},
+                                      std::pair{args->cu_seqlens_k, &out->cu_seqlens_k},
+                                      std::pair{args->seqused_q, &out->seqused_q},
+                                      std::pair{args->seqused_k, &out->seqused_k},
+                                      std::pair{args->page_table, &out->page_table}}) {
+    if (tensor != nullptr) *field = to_cpp(*tensor);
+  }
+  out->max_seqlen_q = args->max_seqlen_q;
+  out->max_seqlen_k = args->max_seqlen_k;
   return flashhop::Status::success();
 }
 

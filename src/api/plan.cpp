@@ -125,7 +125,120 @@ bool use_pack_gqa(PackGqa mode, int seqlen_q, int heads_per_kv_head, int tile_ro
   return fill(seqlen_q, tile_rows) < 0.9 * fill(packed, packed_tile_rows);
 }
 
+namespace {
+
+// A packed (total, ...) tensor viewed with a leading batch dimension (1, total, ...), so that the
+// fixed-length plan reads its row and head strides where it reads a batch's.
+TensorDesc as_one_batch(const TensorDesc& t) {
+  TensorDesc batched = t;
+  batched.rank = t.rank + 1;
+  batched.shape[0] = 1;
+  batched.stride[0] = 0;
+  for (int d = 0; d < t.rank && d + 1 < kMaxRank; ++d) {
+    batched.shape[d + 1] = t.shape[d];
+    batched.stride[d + 1] = t.stride[d];
+  }
+  return batched;
+}
+
+const int* int_data(const std::optional<TensorDesc>& t) { return t ? static_cast<const int*>(t->data) : nullptr; }
+
+// The plan of a variable-length call: as a fixed-length call of `batch` sequences of the bounds'
+// lengths for the mask kind, whose recipe of unpacked rows with the default tile choice has the
+// variable-length kernel (ForwardRecipe::varlen); and the sequences' tile bound and tile list.
+ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& device) {
+  // A paged cache's pages (num_pages, page_size, nheads_kv, d) stand in the fixed-length plan as
+  // (1, page_size, nheads_kv, d); their shape and strides are set below.
+  const bool paged = args.page_table.has_value();
+  const auto page_rows = [](TensorDesc t) {
+    t.shape[0] = 1;
+    return t;
+  };
+  ForwardArgs as_fixed = args;
+  as_fixed.q = as_one_batch(args.q);
+  as_fixed.k = paged ? page_rows(args.k) : as_one_batch(args.k);
+  as_fixed.v = paged ? page_rows(args.v) : as_one_batch(args.v);
+  as_fixed.o = as_one_batch(args.o);
+  if (args.lse) as_fixed.lse = as_one_batch(*args.lse);
+  as_fixed.cu_seqlens_q = as_fixed.cu_seqlens_k = as_fixed.seqused_q = as_fixed.seqused_k = std::nullopt;
+  as_fixed.page_table = std::nullopt;
+
+  VarlenPlan varlen;
+  varlen.batch = static_cast<int>(args.cu_seqlens_q->shape[0] - 1);
+  varlen.total_q = args.q.shape[0];
+  varlen.total_k = paged ? args.page_table->shape[1] * args.k.shape[1] : args.k.shape[0];
+  varlen.max_seqlen_q = static_cast<int>(std::min<std::int64_t>(args.max_seqlen_q, varlen.total_q));
+  varlen.max_seqlen_k = static_cast<int>(std::min<std::int64_t>(args.max_seqlen_k, varlen.total_k));
+  varlen.cu_seqlens_q = int_data(args.cu_seqlens_q);
+  varlen.cu_seqlens_k = int_data(args.cu_seqlens_k);
+  varlen.seqused_q = int_data(args.seqused_q);
+  varlen.seqused_k = int_data(args.seqused_k);
+  // The recipe and options as for `batch` sequences of max_seqlen_q queries and max_seqlen_k keys.
+  as_fixed.q.shape[0] = as_fixed.k.shape[0] = as_fixed.v.shape[0] = as_fixed.o.shape[0] = varlen.batch;
+  as_fixed.q.shape[1] = as_fixed.o.shape[1] = varlen.max_seqlen_q;
+  as_fixed.k.shape[1] = as_fixed.v.shape[1] = varlen.max_seqlen_k;
+  if (as_fixed.lse) {
+    as_fixed.lse->shape[0] = varlen.batch;
+    as_fixed.lse->shape[2] = varlen.max_seqlen_q;
+  }
+  as_fixed.max_seqlen_q = as_fixed.max_seqlen_k = 0;
+  as_fixed.pack_gqa = PackGqa::kOff;
+  ForwardPlan plan = plan_forward(as_fixed, device);
+  const bool local = plan.recipe_of().local();
+  for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
+    const sm90::ForwardRecipe& r = kForwardRecipes[i];
+    if (r.varlen && r.head_dim == plan.recipe_of().head_dim && r.head_dim_v == plan.recipe_of().head_dim_v &&
+        r.local() == local) {
+      plan.recipe = i;
+      break;
+    }
+  }
+  // The strides of the packed tensors as they are (the bounds' lengths above may make a row
+  // dimension look like size 1, whose stride the fixed-length plan replaces); batch strides 0:
+  // sequence b starts at row cu_seqlens[b], not at a multiple of a batch stride.
+  sm90::ForwardParams& p = plan.params;
+  const auto packed_strides = [](const TensorDesc& t, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
+    normalise_unit_strides(as_one_batch(t), batch, row, head);
+    batch = 0;
+  };
+  packed_strides(args.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  packed_strides(args.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  if (paged) {
+    // The page stride in the batch stride's place (PagedKV).
+    normalise_unit_strides(args.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    normalise_unit_strides(args.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+    p.page_table = static_cast<const int*>(args.page_table->data);
+    p.page_table_stride = args.page_table->shape[0] > 1 ? args.page_table->stride[0] : 0;
+    p.page_size = static_cast<int>(args.k.shape[1]);
+    p.num_pages = static_cast<int>(args.k.shape[0]);
+    p.max_pages = static_cast<int>(args.page_table->shape[1]);
+  } else {
+    packed_strides(args.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+    packed_strides(args.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  }
+  if (args.lse) packed_strides(*args.lse, p.lse_batch_stride, p.lse_head_stride, p.lse_row_stride);
+
+  p.cu_seqlens_q = varlen.cu_seqlens_q;
+  p.cu_seqlens_k = varlen.cu_seqlens_k;
+  p.seqused_q = varlen.seqused_q;
+  p.seqused_k = varlen.seqused_k;
+  p.total_q = static_cast<int>(varlen.total_q);
+  p.total_k = static_cast<int>(varlen.total_k);
+
+  const sm90::ForwardRecipe& recipe = plan.recipe_of();
+  const std::int64_t rows = sm90::tile_rows_per_head(p.seqlen_q, p.nheads, p.nheads_kv, recipe.pack_gqa);
+  varlen.num_tiles_bound = (rows + recipe.block_m - 1) / recipe.block_m *
+                           sm90::tile_heads_of(p.nheads, p.nheads_kv, recipe.pack_gqa) * varlen.batch;
+  varlen.workspace_bytes = varlen.num_tiles_bound == 0 ? 0 : sm90::VarlenTileList::bytes(varlen.batch);
+  plan.workspace_bytes = varlen.workspace_bytes;
+  plan.varlen = varlen;
+  return plan;
+}
+
+}  // namespace
+
 ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
+  if (args.cu_seqlens_q) return plan_varlen_forward(args, device);
   ForwardPlan plan;
   plan.dtype = args.q.dtype;
   sm90::ForwardParams& params = plan.params;

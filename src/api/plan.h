@@ -23,11 +23,32 @@ struct DeviceFacts {
   std::int64_t l2_bytes = 0;
 };
 
+// The variable-length part of a forward plan (cu_seqlens; flashhop.h's packed layout). params then
+// hold the batch, max_seqlen_q / max_seqlen_k as seqlen_q / seqlen_k, the row and head strides of
+// the packed tensors (batch strides 0: sequence b starts at row cu_seqlens[b]), the band of the
+// longest sequences and the cu_seqlens / seqused pointers; each sequence's own lengths and band
+// come from the device at run time (varlen.h).
+struct VarlenPlan {
+  int batch = 0;                           // cu_seqlens_q.shape[0] - 1
+  std::int64_t total_q = 0, total_k = 0;   // q.shape[0], k.shape[0]
+  int max_seqlen_q = 0, max_seqlen_k = 0;  // the caller's bounds, cut at total_q and total_k
+  const int* cu_seqlens_q = nullptr;       // device (batch + 1)
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_q = nullptr;          // device (batch); null where not given
+  const int* seqused_k = nullptr;
+  // Query tiles of the planned recipe, bounded: batch * ceil(max_seqlen_q / block_m) * nheads;
+  // the grid's bound.
+  std::int64_t num_tiles_bound = 0;
+  // The tile list (sm90::VarlenTileList); 0 without query rows.
+  std::size_t workspace_bytes = 0;
+};
+
 struct ForwardPlan {
   DType dtype = DType::kBFloat16;
   int recipe = -1;  // index into sm90::kForwardRecipes
   sm90::ForwardParams params;  // the workspace pointer is left null
   std::size_t workspace_bytes = 0;
+  std::optional<VarlenPlan> varlen;  // with cu_seqlens
 
   const sm90::ForwardRecipe& recipe_of() const { return sm90::kForwardRecipes[recipe]; }
 };

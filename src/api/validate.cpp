@@ -62,11 +62,12 @@ std::string dim_label(const Operand& t, int d) {
   return label.str();
 }
 
-Status check_rank(const Operand& t) {
+// `context` follows the expected dimensions in the message (" with cu_seqlens").
+Status check_rank(const Operand& t, const char* context = "") {
   if (t.desc.rank != t.expected_rank) {
     std::ostringstream dims;
     for (int d = 0; d < t.expected_rank; ++d) dims << (d ? ", " : "") << t.dim_names[d];
-    return invalid(t.name, ".rank = ", t.desc.rank, ": expected ", t.expected_rank, " (", dims.str(), ")");
+    return invalid(t.name, ".rank = ", t.desc.rank, ": expected ", t.expected_rank, " (", dims.str(), ")", context);
   }
   return Status::success();
 }
@@ -222,8 +223,10 @@ std::string listed(const std::vector<std::string>& items) {
   return text;
 }
 
-Status check_supported_head_dims(const Operand& q, const Operand& v) {
-  const std::int64_t head_dim = q.dim(3), head_dim_v = v.dim(3);
+// head_dim and head_dim_v are dimension `d` of q and `v_d` of v (3 in the fixed-length layout, 2
+// with cu_seqlens, v's 3 in a paged cache).
+Status check_supported_head_dims(const Operand& q, const Operand& v, int d = 3, int v_d = 3) {
+  const std::int64_t head_dim = q.dim(d), head_dim_v = v.dim(v_d);
   std::vector<std::string> head_dims, other_dvs, pairs;
   for (const sm90::ForwardRecipe& recipe : sm90::kForwardRecipes) {
     head_dims.push_back(std::to_string(recipe.head_dim));
@@ -232,11 +235,11 @@ Status check_supported_head_dims(const Operand& q, const Operand& v) {
     if (recipe.head_dim == head_dim) other_dvs.push_back(std::to_string(recipe.head_dim_v));
   }
   if (std::find(head_dims.begin(), head_dims.end(), std::to_string(head_dim)) == head_dims.end()) {
-    return fail(StatusCode::kNotSupported, dim_label(q, 3), " = ", head_dim, ": supported head dims are ",
+    return fail(StatusCode::kNotSupported, dim_label(q, d), " = ", head_dim, ": supported head dims are ",
                 listed(head_dims));
   }
   if (!has_recipe(head_dim, head_dim_v)) {
-    return fail(StatusCode::kNotSupported, dim_label(v, 3), " = ", head_dim_v, ": expected head_dim (", head_dim, ")",
+    return fail(StatusCode::kNotSupported, dim_label(v, d), " = ", head_dim_v, ": expected head_dim (", head_dim, ")",
                 other_dvs.empty() ? "" : " or " + listed(other_dvs), "; head_dim_v != head_dim is supported for ",
                 listed(pairs), " only");
   }
@@ -270,24 +273,249 @@ bool query_tiles_fit(const Operand& q) {
 // Packed rows are seqlen_q * (nheads / nheads_kv) per KV head, indexed in 32 bits like sequences.
 std::int64_t packed_rows(const Operand& q, const Operand& k) { return q.dim(1) * (q.dim(2) / k.dim(2)); }
 
-Status check_pack_gqa(const ForwardArgs& args, const Operand& q, const Operand& k) {
+// `packed` rows per KV head, named `rows` in the message ("seqlen_q * nheads / nheads_kv").
+Status check_pack_gqa(const ForwardArgs& args, std::int64_t packed, const char* rows) {
   switch (args.pack_gqa) {
     case PackGqa::kAuto:
     case PackGqa::kOff:
       return Status::success();
     case PackGqa::kOn:
-      if (packed_rows(q, k) > kMaxSeqlenSum) {
-        return invalid("pack_gqa = on: seqlen_q * nheads / nheads_kv = ", packed_rows(q, k), ": expected <= ",
-                       kMaxSeqlenSum, " packed query rows");
+      if (packed > kMaxSeqlenSum) {
+        return invalid("pack_gqa = on: ", rows, " = ", packed, ": expected <= ", kMaxSeqlenSum, " packed query rows");
       }
       return Status::success();
   }
   return invalid("pack_gqa = ", static_cast<int>(args.pack_gqa), ": expected PackGqa::kAuto, kOff or kOn");
 }
 
+
+// ---- variable-length batches (cu_seqlens) -------------------------------------------------------
+
+constexpr const char* kVarlenQDims[] = {"total_q", "nheads", "head_dim"};
+constexpr const char* kVarlenKDims[] = {"total_k", "nheads_kv", "head_dim"};
+constexpr const char* kVarlenVDims[] = {"total_k", "nheads_kv", "head_dim_v"};
+constexpr const char* kVarlenODims[] = {"total_q", "nheads", "head_dim_v"};
+constexpr const char* kVarlenLseDims[] = {"nheads", "total_q"};
+constexpr const char* kPagedKDims[] = {"num_pages", "page_size", "nheads_kv", "head_dim"};
+constexpr const char* kPagedVDims[] = {"num_pages", "page_size", "nheads_kv", "head_dim_v"};
+constexpr const char* kPageTableDims[] = {"batch", "max_pages"};
+constexpr const char* kCuSeqlensDims[] = {"batch + 1"};
+constexpr const char* kSequsedDims[] = {"batch"};
+constexpr const char* kWithCuSeqlens = " with cu_seqlens (a variable-length batch)";
+// cu_seqlens and seqused are read as int32 words.
+constexpr std::int64_t kIndexAlignmentBytes = sizeof(std::int32_t);
+
+// Which of the variable-length fields may appear together: cu_seqlens_q and cu_seqlens_k both or
+// neither, or with a page table cu_seqlens_q and seqused_k without cu_seqlens_k; seqused and
+// max_seqlen only with them.
+Status check_varlen_fields(const ForwardArgs& args) {
+  if (args.page_table) {
+    if (!args.cu_seqlens_q) {
+      return fail(StatusCode::kNotSupported,
+                  "cu_seqlens_q = none with page_table given: expected the queries as a variable-length batch "
+                  "(q (total_q, nheads, head_dim); a fixed-length batch's are cu_seqlens_q = 0, seqlen_q, ...)");
+    }
+    if (args.cu_seqlens_k) {
+      return invalid("cu_seqlens_k is given with page_table: expected none (the pages hold each sequence's keys "
+                     "from its page_table row, and seqused_k how many)");
+    }
+    if (!args.seqused_k) {
+      return invalid("seqused_k = none with page_table given: expected each sequence's number of keys in the cache");
+    }
+    return Status::success();
+  }
+  if (args.cu_seqlens_q.has_value() != args.cu_seqlens_k.has_value()) {
+    const char* given = args.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k";
+    const char* missing = args.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q";
+    return fail(StatusCode::kNotSupported, missing, " = none with ", given,
+                " given: expected both or neither (FlashAttention-3's variable length on one side only is not "
+                "supported)");
+  }
+  if (args.cu_seqlens_q) return Status::success();
+  if (args.seqused_q || args.seqused_k) {
+    return fail(StatusCode::kNotSupported, args.seqused_q ? "seqused_q" : "seqused_k",
+                " is given without cu_seqlens_q and cu_seqlens_k: expected only with them (the fixed-length "
+                "kernels read no per-sequence lengths)");
+  }
+  if (args.max_seqlen_q != 0) {
+    return invalid("max_seqlen_q = ", args.max_seqlen_q,
+                   ": expected 0 without cu_seqlens_q (q.shape[1] is the fixed-length batch's seqlen_q)");
+  }
+  if (args.max_seqlen_k != 0) {
+    return invalid("max_seqlen_k = ", args.max_seqlen_k,
+                   ": expected 0 without cu_seqlens_k (k.shape[1] is the fixed-length batch's seqlen_k)");
+  }
+  return Status::success();
+}
+
+// seqused's one dimension is the batch that cu_seqlens_q gives.
+Status check_batch_matches(const Operand& t, const Operand& cu_seqlens_q) {
+  if (t.dim(0) != cu_seqlens_q.dim(0) - 1) {
+    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", cu_seqlens_q.dim(0) - 1,
+                   " (cu_seqlens_q.shape[0] - 1)");
+  }
+  return Status::success();
+}
+
+// The caller's bound on the sequences' lengths, cut at the rows there are: no sequence is longer
+// than its tensor (a bound past it only costs empty tiles).
+std::int64_t effective_max_seqlen(int max_seqlen, std::int64_t total) { return std::min<std::int64_t>(max_seqlen, total); }
+
+Status check_max_seqlen(const char* name, int max_seqlen, const char* cu_seqlens) {
+  if (max_seqlen < 1) {
+    return invalid(name, " = ", max_seqlen, ": expected >= 1 with ", cu_seqlens,
+                   " (a bound on every sequence's length, which sizes the kernels' grid)");
+  }
+  return Status::success();
+}
+
+// A paged cache's page size, against the TMA boxes that gather it (PagedKV in fwd_mainloop.h): a
+// box's rows of a swizzle atom must fill 128 bytes, and the atoms of head dim 96 are 64 bytes wide.
+Status check_page_size(const Operand& k, const Operand& v) {
+  const std::int64_t page_size = k.dim(1);
+  for (const Operand* t : {&k, &v}) {
+    if (t->dim(3) == 96 && page_size % 2 != 0) {
+      return fail(StatusCode::kNotSupported, dim_label(k, 1), " = ", page_size, ": expected an even page size with ",
+                  dim_label(*t, 3), " = 96");
+    }
+  }
+  return Status::success();
+}
+
+Status validate_varlen_forward(const ForwardArgs& args) {
+  // With a page table, K and V are the cache's pages, and a sequence's keys (total_k) its capacity.
+  const bool paged = args.page_table.has_value();
+  const int kv_rank = paged ? 4 : 3;
+  const int heads_kv = paged ? 2 : 1;  // the dimension of nheads_kv, then head_dim
+  const Operand q{"q", args.q, kVarlenQDims, 3};
+  const Operand k{"k", args.k, paged ? kPagedKDims : kVarlenKDims, kv_rank};
+  const Operand v{"v", args.v, paged ? kPagedVDims : kVarlenVDims, kv_rank};
+  const Operand o{"o", args.o, kVarlenODims, 3};
+  const Operand cu_seqlens_q{"cu_seqlens_q", *args.cu_seqlens_q, kCuSeqlensDims, 1};
+  std::optional<Operand> lse, seqused_q, seqused_k, cu_seqlens_k, page_table;
+  if (args.lse) lse.emplace(Operand{"lse", *args.lse, kVarlenLseDims, 2});
+  if (args.seqused_q) seqused_q.emplace(Operand{"seqused_q", *args.seqused_q, kSequsedDims, 1});
+  if (args.seqused_k) seqused_k.emplace(Operand{"seqused_k", *args.seqused_k, kSequsedDims, 1});
+  if (args.cu_seqlens_k) cu_seqlens_k.emplace(Operand{"cu_seqlens_k", *args.cu_seqlens_k, kCuSeqlensDims, 1});
+  if (paged) page_table.emplace(Operand{"page_table", *args.page_table, kPageTableDims, 2});
+  std::vector<const Operand*> indices = {&cu_seqlens_q};
+  for (const std::optional<Operand>* t : {&cu_seqlens_k, &seqused_q, &seqused_k, &page_table}) {
+    if (*t) indices.push_back(&**t);
+  }
+
+  FirstError checks;
+  // Ranks and dtypes first: the shape and stride checks below index and size by them.
+  for (const Operand* t : {&q, &o}) checks << check_rank(*t, kWithCuSeqlens);
+  for (const Operand* t : {&k, &v}) checks << check_rank(*t, paged ? " with page_table (a paged KV cache)" : kWithCuSeqlens);
+  if (lse) checks << check_rank(*lse, kWithCuSeqlens);
+  for (const Operand* t : indices) checks << check_rank(*t);
+  if (!checks.status().ok()) return checks.status();
+
+  if (args.q.dtype != DType::kFloat16 && args.q.dtype != DType::kBFloat16) {
+    return invalid("q.dtype = ", dtype_name(args.q.dtype), ": expected float16 or bfloat16");
+  }
+  checks << check_dtype(k, args.q.dtype, "the dtype of q") << check_dtype(v, args.q.dtype, "the dtype of q")
+         << check_dtype(o, args.q.dtype, "the dtype of q");
+  if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
+  for (const Operand* t : indices) checks << check_dtype(*t, DType::kInt32, "sequence offsets and lengths are int32");
+  if (!checks.status().ok()) return checks.status();
+
+  // Shapes. cu_seqlens_q defines batch; q total_q, nheads and head_dim; k total_k and nheads_kv;
+  // v head_dim_v. The offsets are int32, so the totals must be too.
+  for (const Operand* t : {&q, &k, &v, &o}) checks << check_nonnegative_dims(*t);
+  if (lse) checks << check_nonnegative_dims(*lse);
+  for (const Operand* t : indices) checks << check_nonnegative_dims(*t);
+  checks << check_dim_at_least_one(cu_seqlens_q, 0) << check_dim_at_least_one(q, 1)
+         << check_dim_at_least_one(q, 2) << check_dim_at_least_one(k, heads_kv);
+  checks << check_dim_fits_int32(q, 0) << check_dim_fits_int32(q, 1) << check_dim_fits_int32(k, 0)
+         << check_dim_fits_int32(k, 1) << check_dim_fits_int32(cu_seqlens_q, 0);
+  if (cu_seqlens_k) checks << check_dim_matches(*cu_seqlens_k, 0, cu_seqlens_q, 0);
+  if (seqused_q) checks << check_batch_matches(*seqused_q, cu_seqlens_q);
+  if (seqused_k) checks << check_batch_matches(*seqused_k, cu_seqlens_q);
+  if (page_table) {
+    checks << check_batch_matches(*page_table, cu_seqlens_q) << check_dim_at_least_one(*page_table, 1)
+           << check_dim_at_least_one(k, 0) << check_dim_at_least_one(k, 1) << check_dim_fits_int32(*page_table, 1);
+    checks << check_dim_matches(v, 1, k, 1);
+  }
+  checks << check_dim_matches(k, heads_kv + 1, q, 2);
+  checks << check_dim_matches(v, 0, k, 0) << check_dim_matches(v, heads_kv, k, heads_kv);
+  checks << check_dim_matches(o, 0, q, 0) << check_dim_matches(o, 1, q, 1) << check_dim_matches(o, 2, v, heads_kv + 1);
+  if (lse) checks << check_dim_matches(*lse, 0, q, 1) << check_dim_matches(*lse, 1, q, 0);
+  if (!checks.status().ok()) return checks.status();
+  if (q.dim(1) % k.dim(heads_kv) != 0) {
+    return invalid(dim_label(k, heads_kv), " = ", k.dim(heads_kv), ": nheads (", q.dim(1),
+                   ") must be a multiple of it");
+  }
+  if (paged) {
+    if (Status status = check_page_size(k, v); !status.ok()) return status;
+  }
+  // Each sequence's keys: at most total_k rows, or its pages' capacity.
+  const std::int64_t total_k = paged ? page_table->dim(1) * k.dim(1) : k.dim(0);
+  if (paged && total_k > kMaxInt32) {
+    return invalid(dim_label(*page_table, 1), " * ", dim_label(k, 1), " = ", total_k,
+                   ": expected <= ", kMaxInt32, " (a sequence's keys)");
+  }
+
+  // The bounds. The values of cu_seqlens and seqused lie in device memory, which validation does
+  // not read: the host checks the bounds' own consistency, the kernels clamp what they read
+  // (flashhop.h).
+  checks << check_max_seqlen("max_seqlen_q", args.max_seqlen_q, "cu_seqlens_q")
+         << check_max_seqlen("max_seqlen_k", args.max_seqlen_k, paged ? "page_table" : "cu_seqlens_k");
+  if (!checks.status().ok()) return checks.status();
+  const std::int64_t max_q = effective_max_seqlen(args.max_seqlen_q, q.dim(0));
+  const std::int64_t max_k = effective_max_seqlen(args.max_seqlen_k, total_k);
+  if (max_q + max_k > kMaxSeqlenSum) {
+    return invalid("max_seqlen_q + max_seqlen_k (each cut at total_q = ", q.dim(0),
+                   paged ? ", a sequence's page capacity = " : ", total_k = ", total_k, ") = ", max_q + max_k,
+                   ": expected <= ", kMaxSeqlenSum);
+  }
+  const std::int64_t batch = cu_seqlens_q.dim(0) - 1;
+  const std::int64_t tiles_per_sequence = (max_q + sm90::kSmallestBlockM - 1) / sm90::kSmallestBlockM * q.dim(1);
+  if (batch > 0 && tiles_per_sequence > sm90::kMaxQueryTiles / batch) {
+    return invalid("cu_seqlens_q.shape[0] - 1 (batch) = ", batch, ", max_seqlen_q = ", max_q, ", nheads ", q.dim(1),
+                   ": batch * ceil(max_seqlen_q / ", sm90::kSmallestBlockM, ") * nheads query tiles, expected <= ",
+                   sm90::kMaxQueryTiles);
+  }
+
+  // Memory: strides, pointers, devices. cu_seqlens and seqused are contiguous int32 vectors.
+  for (const Operand* t : {&q, &k, &v, &o}) {
+    checks << check_strides(*t, kRowAlignmentBytes, kTmaStrideLimitBytes) << check_data(*t, kRowAlignmentBytes);
+  }
+  if (lse) checks << check_strides(*lse, kLseAlignmentBytes, std::nullopt) << check_data(*lse, kLseAlignmentBytes);
+  for (const Operand* t : indices) {
+    checks << check_strides(*t, kIndexAlignmentBytes, std::nullopt) << check_data(*t, kIndexAlignmentBytes);
+  }
+  std::vector<const Operand*> read = {&q, &k, &v};
+  read.insert(read.end(), indices.begin(), indices.end());
+  for (const Operand* input : read) checks << check_no_overlap(o, *input);
+  if (lse) {
+    for (const Operand* input : read) checks << check_no_overlap(*lse, *input);
+    checks << check_no_overlap(*lse, o);
+  }
+  if (args.q.device < 0) checks << invalid("q.device = ", args.q.device, ": expected a CUDA device ordinal >= 0");
+  checks << check_same_device(k, q) << check_same_device(v, q) << check_same_device(o, q);
+  if (lse) checks << check_same_device(*lse, q);
+  for (const Operand* t : indices) checks << check_same_device(*t, q);
+  if (!checks.status().ok()) return checks.status();
+
+  if (args.softmax_scale && !(std::isfinite(*args.softmax_scale) && *args.softmax_scale >= 0.f)) {
+    return invalid("softmax_scale = ", *args.softmax_scale,
+                   ": expected a finite value >= 0 (or none for 1/sqrt(head_dim))");
+  }
+  if (Status status = check_mask_and_softcap(args); !status.ok()) return status;
+  if (Status status = check_pack_gqa(args, max_q * (q.dim(1) / k.dim(heads_kv)), "max_seqlen_q * nheads / nheads_kv");
+      !status.ok()) {
+    return status;
+  }
+  return check_supported_head_dims(q, v, 2, heads_kv + 1);
+}
+
 }  // namespace
 
 Status validate_forward(const ForwardArgs& args) {
+  if (Status status = check_varlen_fields(args); !status.ok()) return status;
+  if (args.cu_seqlens_q) return validate_varlen_forward(args);
+
   const Operand q{"q", args.q, kQDims, 4};
   const Operand k{"k", args.k, kKDims, 4};
   const Operand v{"v", args.v, kVDims, 4};
@@ -360,7 +588,9 @@ Status validate_forward(const ForwardArgs& args) {
                    ": expected a finite value >= 0 (or none for 1/sqrt(head_dim))");
   }
   if (Status status = check_mask_and_softcap(args); !status.ok()) return status;
-  if (Status status = check_pack_gqa(args, q, k); !status.ok()) return status;
+  if (Status status = check_pack_gqa(args, packed_rows(q, k), "seqlen_q * nheads / nheads_kv"); !status.ok()) {
+    return status;
+  }
   return check_supported_head_dims(q, v);
 }
 

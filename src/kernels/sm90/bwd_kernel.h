@@ -131,9 +131,13 @@ struct BackwardKernel {
 
   // Q and dO rings, K and V: the wgmma K-major swizzled layouts, head dim contiguous as in global
   // memory. The transposed views read the same bytes with the head dim as N (MN-major B operands).
+  // Splitting columns, each warpgroup's half of them must start on a swizzle atom: where the half
+  // is not a multiple of 64 columns (d = 192), the 64-byte swizzle's atoms of 32.
   template <class Rows, class Cols>
-  using KMajor =
-      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, Rows, Cols>());
+  using KMajor = cute::conditional_t<
+      kSplitColumns && (Cols::value / kConsumers) % 64 != 0,
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW64_Atom<Element>{}, cute::Shape<Rows, Cols>{})),
+      decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, Rows, Cols>())>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(KMajor<BlockM, HeadDim>{}, cute::Shape<BlockM, HeadDim, Stages>{}));
   using SmemLayoutDO =
       decltype(cute::tile_to_shape(KMajor<BlockM, HeadDimV>{}, cute::Shape<BlockM, HeadDimV, Stages>{}));

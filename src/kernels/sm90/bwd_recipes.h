@@ -19,12 +19,20 @@ inline constexpr BackwardRecipe kBackwardRecipes[] = {
     {/*name=*/"hdim128_nomask", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim128_local: two consumer warpgroups of 64 key rows; dQ's columns split between them
     {/*name=*/"hdim128_local", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
+    // hdim192_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
+    {/*name=*/"hdim192_nomask", /*head_dim=*/192, /*head_dim_v=*/192, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
+    // hdim192_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
+    {/*name=*/"hdim192_local", /*head_dim=*/192, /*head_dim_v=*/192, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
+    // hdim192x128_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
+    {/*name=*/"hdim192x128_nomask", /*head_dim=*/192, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
+    // hdim192x128_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
+    {/*name=*/"hdim192x128_local", /*head_dim=*/192, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
     // hdim256_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ; one Q and dO stage (two would pass 227 KB)
     {/*name=*/"hdim256_nomask", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns},
     // hdim256_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ; one Q and dO stage (two would pass 227 KB)
     {/*name=*/"hdim256_local", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns},
 };
-inline constexpr int kNumBackwardRecipes = 8;
+inline constexpr int kNumBackwardRecipes = 12;
 
 // Indices into kBackwardRecipes, by recipe name.
 namespace backward_recipe {
@@ -34,8 +42,12 @@ inline constexpr int hdim96_nomask = 2;
 inline constexpr int hdim96_local = 3;
 inline constexpr int hdim128_nomask = 4;
 inline constexpr int hdim128_local = 5;
-inline constexpr int hdim256_nomask = 6;
-inline constexpr int hdim256_local = 7;
+inline constexpr int hdim192_nomask = 6;
+inline constexpr int hdim192_local = 7;
+inline constexpr int hdim192x128_nomask = 8;
+inline constexpr int hdim192x128_local = 9;
+inline constexpr int hdim256_nomask = 10;
+inline constexpr int hdim256_local = 11;
 }  // namespace backward_recipe
 
 }  // namespace flashhop::sm90

@@ -33,6 +33,11 @@ constexpr auto o_tile_layout() {
   }
 }
 
+// A variable-length batch's sequence: its first row in the packed O (and LSE) and its queries.
+struct OutputRows {
+  int begin = 0, rows = 0;
+};
+
 template <class Mainloop>
 struct ForwardEpilogue {
   using Element = typename Mainloop::Element;
@@ -41,6 +46,10 @@ struct ForwardEpilogue {
   using TiledMmaPV = typename Mainloop::TiledMmaPV;
   using Rows = typename Mainloop::Rows;
   static constexpr bool kPackGqa = Mainloop::kPackGqa;
+  static constexpr bool kVarlen = Mainloop::kVarlen;
+  // O stored row by row by every thread (store_rows): each packed row to its own head, and a
+  // variable-length sequence's rows only (a TMA store of 64 rows would write into the next one).
+  static constexpr bool kRowStores = kPackGqa || kVarlen;
   // Sharing Q's buffer, each consumer warpgroup writes only the rows its own Q K^T GEMMs read
   // (Mainloop checks that O's layout allows this), so no cross-warpgroup hazard arises.
   using SmemLayoutO = typename Mainloop::SmemLayoutO;  // (kBlockM, dv)
@@ -50,13 +59,13 @@ struct ForwardEpilogue {
   static constexpr bool kTakeTurns = Mainloop::kTakeTurnsO;
   using SmemLayoutOBuffer =
       cute::conditional_t<kTakeTurns, typename Mainloop::SmemLayoutOOneWarpGroup, SmemLayoutO>;
-  // Arrivals on q_free per consumer warpgroup and hand-over of Q's buffer. Packed rows of O in Q's
-  // buffer are read by every thread (store_packed), and each thread arrives after its own reads, so
-  // that each arrival releases exactly the reads it orders (one elected arrival after a named
-  // barrier leaves racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
+  // Arrivals on q_free per consumer warpgroup and hand-over of Q's buffer. Rows of O stored row by
+  // row from Q's buffer are read by every thread (store_rows), and each thread arrives after its
+  // own reads, so that each arrival releases exactly the reads it orders (one elected arrival after
+  // a named barrier leaves racecheck hazards against the next Q's cp.async writes). Elsewhere one thread of
   // each warpgroup arrives: after its TMA store has read O, or once its warpgroup's S GEMMs no
   // longer read Q (no generic-proxy reads of the buffer to order).
-  static constexpr int kQFreeArrivalsPerWarpGroup = !kOwnBuffer && kPackGqa ? kThreadsPerWarpGroup : 1;
+  static constexpr int kQFreeArrivalsPerWarpGroup = !kOwnBuffer && kRowStores ? kThreadsPerWarpGroup : 1;
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutOBuffer>, 1024> o;
   };
@@ -87,8 +96,10 @@ struct ForwardEpilogue {
 
   static Params to_params(ForwardParams const& p) {
     using namespace cute;
+    // A variable-length batch's O is stored row by row; its TMA descriptor, never used, spans the
+    // packed rows as a batch of one (a dimension of stride 0 must have size 1).
     auto mO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.o)),
-                          make_shape(p.seqlen_q, HeadDimV{}, p.nheads, p.batch),
+                          make_shape(kVarlen ? p.total_q : p.seqlen_q, HeadDimV{}, p.nheads, kVarlen ? 1 : p.batch),
                           make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride));
     return {make_tma_copy(SM90_TMA_STORE{}, mO, SmemLayoutOWarpGroup{}, Shape<WarpGroupM, HeadDimV>{}, _1{}),
             p.lse,
@@ -106,13 +117,14 @@ struct ForwardEpilogue {
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the
-  // tile head (query_rows.h). thread_idx in [0, 128 x consumers) over all consumer warpgroups. In
-  // Q's buffer (no kOwnBuffer), when `release_q` is set, the producer is waiting on `q_free`
-  // (kQFreeArrivalsPerWarpGroup per warpgroup) to load the next tile's Q there.
+  // tile head (query_rows.h); `sequence`: a variable-length batch's rows (its batch stride is 0).
+  // thread_idx in [0, 128 x consumers) over all consumer warpgroups. In Q's buffer (no kOwnBuffer), when
+  // `release_q` is set, the producer is waiting on `q_free` (kQFreeArrivalsPerWarpGroup per
+  // warpgroup) to load the next tile's Q there.
   template <class OAccum, class RowValues>
   static CUTLASS_DEVICE void store(Params const& params, Element* smem_o, OAccum const& o_accum,
                                    RowValues const& lse, int thread_idx, int m_block, int head, int batch,
-                                   cutlass::arch::ClusterBarrier& q_free, bool release_q) {
+                                   cutlass::arch::ClusterBarrier& q_free, bool release_q, OutputRows sequence = {}) {
     using namespace cute;
     TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
@@ -120,10 +132,11 @@ struct ForwardEpilogue {
     if (params.lse != nullptr && thread_idx % 4 == 0) {  // lane 0 of each quad holds its rows' LSE
       Tensor coords = rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
       float* lse_batch = params.lse + batch * params.lse_batch_stride;
+      if constexpr (kVarlen) lse_batch += sequence.begin * params.lse_row_stride;
       CUTLASS_PRAGMA_UNROLL
       for (int m = 0; m < size<0>(coords); ++m) {
         int const tile_row = m_block * BlockM::value + get<0>(coords(m, 0));
-        if (tile_row < params.rows.rows) {
+        if (tile_row < (kVarlen ? sequence.rows : params.rows.rows)) {
           typename Rows::Row const at = params.rows.locate(tile_row, head);
           lse_batch[at.head * params.lse_head_stride + at.query * params.lse_row_stride] = lse[m];
         }
@@ -137,8 +150,8 @@ struct ForwardEpilogue {
       // The other warpgroup's TMA store has read the buffer (and ours of the tile before had, too).
       OBufferTurns::wait(consumer);
     } else if constexpr (kOwnBuffer) {
-      // This warpgroup's previous TMA store (or, packed, its threads' reads) may still be reading its rows.
-      if (!kPackGqa && leader) tma_store_wait<0>();
+      // This warpgroup's previous TMA store (or, row by row, its threads' reads) may still read its rows.
+      if (!kRowStores && leader) tma_store_wait<0>();
       sync_epilogue(consumer);
     }
     Tensor o_regs = make_tensor<Element>(o_accum.layout());
@@ -148,8 +161,8 @@ struct ForwardEpilogue {
     Tensor tOrO = thr_copy_o.retile_S(o_regs);  // ((Atom, AtomNum), MMA_M, MMA_N)
     Tensor tOsO = thr_copy_o.partition_D(sO);
     copy(smem_copy_o, tOrO, tOsO);
-    if constexpr (kPackGqa) {
-      store_packed(params, sO, thread_idx, m_block, head, batch, q_free, release_q);
+    if constexpr (kRowStores) {
+      store_rows(params, sO, thread_idx, m_block, head, batch, sequence, q_free, release_q);
       return;
     }
     // stmatrix writes through the generic proxy; the TMA store reads through the async proxy.
@@ -188,13 +201,14 @@ struct ForwardEpilogue {
     }
   }
 
-  // Packed rows: this warpgroup's 64 rows of sO (kBlockM, dv) once all its threads have written
-  // them, by 16-byte copies, consecutive threads along a row, each row to its own query head; rows
-  // past the last query are left out.
+  // Row by row (kRowStores): this warpgroup's 64 rows of sO (kBlockM, dv) once all its threads
+  // have written them, by 16-byte copies, consecutive threads along a row, each row to its own
+  // query head; rows past the head's last are left out. A variable-length batch's sequence
+  // (`sequence`) starts at its first row of the packed O.
   template <class SmemTensorO>
-  static CUTLASS_DEVICE void store_packed(Params const& params, SmemTensorO const& sO, int thread_idx, int m_block,
-                                          int head, int batch, cutlass::arch::ClusterBarrier& q_free,
-                                          bool release_q) {
+  static CUTLASS_DEVICE void store_rows(Params const& params, SmemTensorO const& sO, int thread_idx, int m_block,
+                                        int head, int batch, OutputRows sequence,
+                                        cutlass::arch::ClusterBarrier& q_free, bool release_q) {
     int const consumer = thread_idx / kThreadsPerWarpGroup;
     sync_epilogue(consumer);
     // 16 bytes are contiguous in every swizzled layout here (the swizzles permute 16-byte units).
@@ -202,11 +216,12 @@ struct ForwardEpilogue {
     constexpr int kChunksPerRow = HeadDimV::value / kChunk;
     int const first_row = consumer * WarpGroupM::value;
     Element* o_batch = params.o + batch * params.o_batch_stride;
+    if constexpr (kVarlen) o_batch += int64_t{sequence.begin} * params.o_row_stride;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = thread_idx % kThreadsPerWarpGroup; i < WarpGroupM::value * kChunksPerRow; i += kThreadsPerWarpGroup) {
       int const row = first_row + i / kChunksPerRow, col = i % kChunksPerRow * kChunk;
       int const tile_row = m_block * BlockM::value + row;
-      if (tile_row >= params.rows.rows) break;  // rows only grow with i
+      if (tile_row >= (kVarlen ? sequence.rows : params.rows.rows)) break;  // rows only grow with i
       typename Rows::Row const at = params.rows.locate(tile_row, head);
       *reinterpret_cast<uint4*>(o_batch + at.query * params.o_row_stride + at.head * params.o_head_stride + col) =
           *reinterpret_cast<uint4 const*>(&sO(row, col));

@@ -25,12 +25,18 @@ struct ForwardKernel {
   using Mask = typename Mainloop::Mask;
   using Element = typename Mainloop::Element;
   using Pipeline = typename Mainloop::Pipeline;
-  // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue.
-  using Scheduler = cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>;
-  // Equal tiles split their last round over the CTAs (split_round.h) as the recipe allows, when
-  // the workspace holds it.
-  static constexpr SplitPolicy kSplitPolicy = Mainloop::kRecipe.split;
-  static_assert(!Mask::kIsLocal || kSplitPolicy == SplitPolicy::kNone, "queued band tiles split no round");
+  static constexpr bool kVarlen = Mainloop::kVarlen;
+  // Equal tiles are dealt statically in query-tile order; causal and window tiles from a queue, as
+  // are a variable-length batch's, from its tile list.
+  static constexpr bool kQueue = Mask::kIsLocal || kVarlen;
+  using Scheduler = cute::conditional_t<
+      kVarlen, VarlenScheduler, cute::conditional_t<Mask::kIsLocal, CausalScheduler, StaticPersistentScheduler>>;
+  // Equal tiles of a fixed-length batch split their last round over the CTAs (split_round.h) as the
+  // recipe allows, when the workspace holds it.
+  static constexpr SplitPolicy kSplitPolicy = kVarlen ? SplitPolicy::kNone : Mainloop::kRecipe.split;
+  static_assert(!kQueue || kSplitPolicy == SplitPolicy::kNone, "queued tiles split no round");
+  // A variable-length batch's O goes out row by row (a TMA store would write past the sequence).
+  static_assert(!kVarlen || !Epilogue::kTakeTurns, "variable-length batches store O from a buffer of their own or Q's");
   static constexpr bool kSplitRound = kSplitPolicy != SplitPolicy::kNone;
   using SplitMerge = SplitCombine<Mainloop::kHeadDimV, Mainloop::kConsumerWarpGroups>;
   // A part of a split tile may store nothing for one warpgroup and O for the other, which would
@@ -52,6 +58,7 @@ struct ForwardKernel {
   // The roles that walk the tiles besides producer thread 0: every consumer thread, and the lanes
   // of the warp that gathers packed Q.
   static constexpr int kTileReaders = Mainloop::Roles::kConsumerThreads + (Mainloop::kPackGqa ? 32 : 0);
+  using Tile = cute::conditional_t<kVarlen, VarlenTile, ForwardTile>;
   static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
   // The persistent grids count on kCtasPerSm CTAs per SM: 228 KB per SM, 1 KB of it reserved per CTA.
   static_assert(Mainloop::Roles::kCtasPerSm * (kSharedBytes + 1024) <= 228 * 1024,
@@ -73,6 +80,8 @@ struct ForwardKernel {
     return {Mainloop::to_params(p), Epilogue::to_params(p), make_mask(p), scheduler, split};
   }
 
+  // For a variable-length batch, the mask of the longest sequences, whose band widths the masks of
+  // each sequence take (tile_mask).
   static Mask make_mask(ForwardParams const& p) {
     if constexpr (Mask::kIsLocal) {
       return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
@@ -81,10 +90,38 @@ struct ForwardKernel {
     }
   }
 
+  // The mask of a tile: a fixed-length batch's is the call's, a variable-length batch's tile has its
+  // sequence's (by overload: a copy only for the latter).
+  static CUTLASS_DEVICE Mask const& tile_mask(Params const& params, ForwardTile) { return params.mask; }
+  static CUTLASS_DEVICE Mask tile_mask(Params const& params, VarlenTile const& tile) {
+    Mask mask = params.mask;
+    mask.seqlen_q = tile.span.seqlen_q;
+    mask.seqlen_k = tile.span.seqlen_k;
+    return mask;
+  }
+  // The tile's sequence rows in O and LSE, for the epilogue.
+  static CUTLASS_DEVICE OutputRows row_span(Tile const& tile) {
+    if constexpr (kVarlen) {
+      return {tile.span.q_begin, tile.span.seqlen_q};
+    } else {
+      return {};
+    }
+  }
+  static CUTLASS_DEVICE RowOffsets row_offsets(Tile const& tile) {
+    if constexpr (kVarlen) {
+      return {tile.span.q_begin, tile.span.k_begin, tile.span.seqlen_k};
+    } else {
+      return {};
+    }
+  }
+
   // ctas: the persistent grid's size at most.
   static typename Scheduler::Params make_scheduler_params(ForwardParams const& p, int ctas) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
-    if constexpr (Mask::kIsLocal) {
+    if constexpr (kVarlen) {
+      std::int64_t const bound = std::int64_t{num_m_blocks(p)} * heads * p.batch;
+      return Scheduler::to_params(static_cast<int*>(p.workspace), p.batch, heads, bound, ctas, sequences_of(p));
+    } else if constexpr (Mask::kIsLocal) {
       // The K and V of one KV head, which the scheduler's tail group keeps in L2.
       std::int64_t const kv_bytes =
           std::int64_t{p.seqlen_k} * (Mainloop::kHeadDim + Mainloop::kHeadDimV) * sizeof(Element);
@@ -95,6 +132,10 @@ struct ForwardKernel {
       return Scheduler::to_params(num_m_blocks(p), heads, p.batch, ctas, key_tiles,
                                   p.workspace != nullptr ? kSplitPolicy : SplitPolicy::kNone);
     }
+  }
+
+  static VarlenSequences sequences_of(ForwardParams const& p) {
+    return {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.total_q, p.total_k, p.seqlen_q, p.seqlen_k};
   }
 
   static int num_m_blocks(ForwardParams const& p) {
@@ -111,7 +152,7 @@ struct ForwardKernel {
   static CUTLASS_DEVICE void walk_tiles(typename Scheduler::Params const& scheduler, TileRing& ring, bool taker,
                                         TileLoads const& tile_loads, Visit const& visit) {
     int first;
-    if constexpr (Mask::kIsLocal) {
+    if constexpr (kQueue) {
       first = Scheduler::first_tile(scheduler);
     } else {
       first = Scheduler::template first_tile<kSplitRound>(scheduler, blockIdx.x);
@@ -122,7 +163,7 @@ struct ForwardKernel {
       auto const take_next = [&] {
         if (have_next) return next;
         have_next = true;
-        if constexpr (Mask::kIsLocal) {
+        if constexpr (kQueue) {
           if (taker) {
             int const taken = Scheduler::take_next_tile(scheduler);
             next = {taken, tile_loads(taken)};
@@ -148,8 +189,8 @@ struct ForwardKernel {
     using Roles = typename Mainloop::Roles;
     int const warp_group = cutlass::canonical_warp_group_idx();  // 0: producer, 1 ..: consumers
     // The key tiles of tile `index`: those its mask leaves, or a part's share of them.
-    auto const key_blocks = [&](int index, ForwardTile const& tile) {
-      KeyBlocks blocks = Mainloop::key_blocks(params.mainloop, params.mask, tile.m_block);
+    auto const key_blocks = [&](int index, Tile const& tile) {
+      KeyBlocks blocks = Mainloop::key_blocks(params.mainloop, tile_mask(params, tile), tile.m_block);
       if constexpr (kSplitRound) {
         if (Scheduler::is_part(params.scheduler, index)) {
           SplitRound::Part const part = Scheduler::part(params.scheduler, index);
@@ -171,7 +212,7 @@ struct ForwardKernel {
     if (threadIdx.x == 0) {
       shared.q_full.init(Mainloop::kQFullArrivals);
       shared.q_free.init(Roles::kConsumers * Epilogue::kQFreeArrivalsPerWarpGroup);
-      if constexpr (Mask::kIsLocal) shared.tiles.init(kTileReaders);
+      if constexpr (kQueue) shared.tiles.init(kTileReaders);
     }
     auto const pipeline_params = [&](std::uint32_t tile_bytes) {
       typename Pipeline::Params ring;
@@ -198,7 +239,7 @@ struct ForwardKernel {
         int q_free_phase = 0;
         bool first = true;
         walk_tiles(params.scheduler, shared.tiles, taker, tile_loads, [&](int index, auto const& take_next) {
-          ForwardTile const tile = Scheduler::tile(params.scheduler, index);
+          Tile const tile = Scheduler::tile(params.scheduler, index);
           KeyBlocks const blocks = key_blocks(index, tile);
           // The CTA's first tile finds the buffer unused; later ones wait until the tile before releases it.
           auto const wait_q_free = [&] {
@@ -214,17 +255,18 @@ struct ForwardKernel {
       if (threadIdx.x == 0) {
         Mainloop::prefetch_tma_descriptors(params.mainloop);
         typename Mainloop::PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-        for_each_loading_tile(/*taker=*/true, [&](ForwardTile const& tile, KeyBlocks const& blocks,
+        for_each_loading_tile(/*taker=*/true, [&](Tile const& tile, KeyBlocks const& blocks,
                                                   auto const& wait_q_free, auto const& take_next) {
           Mainloop::load(params.mainloop, shared.tensors, shared.q_full, pipeline_k, pipeline_v, write, tile.m_block,
-                         tile.head, tile.batch, blocks, wait_q_free);
+                         tile.head, tile.batch, blocks, wait_q_free, row_offsets(tile));
           // The next tile is taken here rather than after the walk's step: the same place, as load
           // returns once it has issued the tile's last K/V.
           if constexpr (Mainloop::kPrefetchNextQ) {
             NextTile const next = take_next();
             if (next.loads) {
-              ForwardTile const following = Scheduler::tile(params.scheduler, next.index);
-              Mainloop::prefetch_q(params.mainloop, following.m_block, following.head, following.batch);
+              Tile const following = Scheduler::tile(params.scheduler, next.index);
+              Mainloop::prefetch_q(params.mainloop, following.m_block, following.head, following.batch,
+                                   row_offsets(following));
             }
           }
         });
@@ -232,7 +274,7 @@ struct ForwardKernel {
       if constexpr (Mainloop::kPackGqa) {
         if (cutlass::canonical_warp_idx_sync() == 1) {
           int const lane = threadIdx.x % 32;
-          for_each_loading_tile(/*taker=*/false, [&](ForwardTile const& tile, KeyBlocks const&,
+          for_each_loading_tile(/*taker=*/false, [&](Tile const& tile, KeyBlocks const&,
                                                      auto const& wait_q_free, auto const&) {
             wait_q_free();
             Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile.m_block, tile.head,
@@ -249,7 +291,7 @@ struct ForwardKernel {
       Mainloop::MmaTurns::init(consumer);
       Epilogue::init(thread_idx);
       walk_tiles(params.scheduler, shared.tiles, /*taker=*/false, tile_loads, [&](int index, auto const& take_next) {
-        ForwardTile const tile = Scheduler::tile(params.scheduler, index);
+        Tile const tile = Scheduler::tile(params.scheduler, index);
         KeyBlocks const blocks = key_blocks(index, tile);
         // Whether the next tile loads, so that the producer waits for this tile to release Q's
         // buffer (q_free). Statically dealt tiles know it at once; from the queue it is known once
@@ -272,7 +314,7 @@ struct ForwardKernel {
         };
         // A warpgroup whose rows all lie past the last row computes and stores nothing.
         if constexpr (Mainloop::kSkipRowsPastEnd) {
-          if (Mainloop::rows_past_end(params.mainloop, tile.m_block, consumer)) {
+          if (Mainloop::rows_past_end(params.mainloop, tile, consumer)) {
             if (!blocks.empty()) {
               Mainloop::skip_tile(shared.q_full, q_full_phase, pipeline_k, pipeline_v, read, consumer, blocks);
               q_full_phase ^= 1;
@@ -293,9 +335,9 @@ struct ForwardKernel {
         typename decltype(softmax)::RowValues lse;
         auto const finalize = [&] { lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale); };
         if (!blocks.empty()) {
-          Mainloop::mma(params.mainloop, shared.tensors, params.mask, shared.q_full, q_full_phase, pipeline_k,
-                        pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks, q_read_done,
-                        lse);
+          Mainloop::mma(params.mainloop, shared.tensors, tile_mask(params, tile), shared.q_full, q_full_phase,
+                        pipeline_k, pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks,
+                        q_read_done, lse);
           q_full_phase ^= 1;
         } else {
           q_read_done();
@@ -305,7 +347,7 @@ struct ForwardKernel {
         if constexpr (kSplitRound) {
           // A part of a split tile: unless it is the tile's first part in key order, which takes
           // over the merged O and LSE of all parts, it stores nothing.
-          int const rows = Mainloop::rows_in_warpgroup(params.mainloop, tile.m_block, consumer);
+          int const rows = Mainloop::rows_in_warpgroup(params.mainloop, tile, consumer);
           if (Scheduler::is_part(params.scheduler, index) &&
               !SplitMerge::merge(params.split, params.scheduler.split, Scheduler::part(params.scheduler, index),
                                  index - params.scheduler.num_tiles, rows, o_accum, lse, thread_idx, consumer)) {
@@ -321,7 +363,7 @@ struct ForwardKernel {
           }
         }();
         Epilogue::store(params.epilogue, smem_o, o_accum, lse, thread_idx, tile.m_block, tile.head, tile.batch,
-                        shared.q_free, release_q);
+                        shared.q_free, release_q, row_span(tile));
       });
       Mainloop::MmaTurns::finish(consumer);
       Epilogue::finish(thread_idx);

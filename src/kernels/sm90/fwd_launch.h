@@ -13,4 +13,9 @@ namespace flashhop::sm90 {
 template <class Element, int kRecipe>
 Status launch_forward(ForwardParams const& p, cudaStream_t stream);
 
+// The same recipe over a variable-length batch (ForwardParams' cu_seqlens; varlen.h): instantiated
+// by the generated files of the recipes that variable-length batches use (plan.cpp).
+template <class Element, int kRecipe>
+Status launch_varlen_forward(ForwardParams const& p, cudaStream_t stream);
+
 }  // namespace flashhop::sm90

@@ -18,6 +18,11 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
   using Scheduler = typename Kernel::Scheduler;
 
   typename Kernel::Params const params = Kernel::to_params(p);
+  if constexpr (Kernel::kVarlen) {
+    if (p.page_table != nullptr && params.mainloop.paged.page_table == nullptr) {
+      return {StatusCode::kCudaError, "cuTensorMapEncodeTiled could not describe the paged k_cache / v_cache"};
+    }
+  }
   auto const kernel = forward_kernel<Kernel>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSharedBytes);
   if (err != cudaSuccess) {
@@ -32,10 +37,22 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
       return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(err)};
     }
   }
-  // The tile queue's counter (tile_scheduler.h), or the split round's counters (split_round.h),
-  // start at zero in every call.
+  // A variable-length batch's tile list (varlen.h), written by one CTA, which also zeroes its
+  // counter; else the tile queue's counter (tile_scheduler.h), or the split round's counters
+  // (split_round.h), start at zero in every call.
   std::size_t counter_bytes = 0;
-  if constexpr (Mask::kIsLocal) {
+  if constexpr (Kernel::kVarlen) {
+    constexpr int kPrepareThreads = 1024;
+    VarlenPrepareParams const prepare{Kernel::sequences_of(p), p.batch, Mainloop::kBlockM,
+                                      Mainloop::kPackGqa ? p.nheads / p.nheads_kv : 1,
+                                      Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv), static_cast<int*>(p.workspace)};
+    varlen_prepare_kernel<kPrepareThreads><<<1, kPrepareThreads, 0, stream>>>(prepare);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) {
+      return {StatusCode::kCudaError,
+              std::string("variable-length prepare kernel launch: ") + cudaGetErrorString(err)};
+    }
+  } else if constexpr (Mask::kIsLocal) {
     counter_bytes = sizeof(int);
   } else if constexpr (Kernel::kSplitRound) {
     if (params.scheduler.split.splits()) {
@@ -55,11 +72,11 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
 }
 
 // One recipe's kernel, or where it has one per soft-capping choice (softcap_per_kernel), the
-// kernel of the call's choice.
-template <class Element, int kRecipe>
-Status launch_forward(ForwardParams const& p, cudaStream_t stream) {
+// kernel of the call's choice; for fixed-length or (kVarlen) variable-length batches.
+template <class Element, int kRecipe, bool kVarlen>
+Status launch_forward_of(ForwardParams const& p, cudaStream_t stream) {
   auto launch = [&](auto softcap_choice) {
-    return launch_kernel<ForwardMainloop<Element, kRecipe, decltype(softcap_choice)::value>>(p, stream);
+    return launch_kernel<ForwardMainloop<Element, kRecipe, decltype(softcap_choice)::value, kVarlen>>(p, stream);
   };
   using Choice = SoftcapChoice;
   if constexpr (kForwardRecipes[kRecipe].softcap_per_kernel) {
@@ -68,6 +85,16 @@ Status launch_forward(ForwardParams const& p, cudaStream_t stream) {
   } else {
     return launch(std::integral_constant<Choice, Choice::kAtRunTime>{});
   }
+}
+
+template <class Element, int kRecipe>
+Status launch_forward(ForwardParams const& p, cudaStream_t stream) {
+  return launch_forward_of<Element, kRecipe, false>(p, stream);
+}
+
+template <class Element, int kRecipe>
+Status launch_varlen_forward(ForwardParams const& p, cudaStream_t stream) {
+  return launch_forward_of<Element, kRecipe, true>(p, stream);
 }
 
 }  // namespace flashhop::sm90

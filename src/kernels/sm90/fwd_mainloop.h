@@ -7,6 +7,7 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
@@ -25,13 +26,25 @@ namespace flashhop::sm90 {
 // softcap_per_kernel; launch_forward picks by the call's softcap).
 enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
 
+// The first rows of a tile's sequence in the packed Q and K / V of a variable-length batch (0 for
+// fixed-length batches, whose TMA coordinates name the batch entry instead), and its keys (read
+// from a paged KV cache only).
+struct RowOffsets {
+  int q = 0, k = 0;
+  int keys = 0;
+};
+
 // kRecipe_: an index into kForwardRecipes (fwd_recipes.h), which fixes every choice below.
-template <class Element_, int kRecipe_, SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime>
+// kVarlen_: for variable-length batches (varlen.h): TMA over the packed tensors, offset per tile.
+template <class Element_, int kRecipe_, SoftcapChoice kSoftcapChoice_ = SoftcapChoice::kAtRunTime,
+          bool kVarlen_ = false>
 struct ForwardMainloop {
   static constexpr ForwardRecipe kRecipe = kForwardRecipes[kRecipe_];
   using Element = Element_;
   using Mask = cute::conditional_t<kRecipe.local(), LocalMask, NoMask>;
   static constexpr bool kPackGqa = kRecipe.pack_gqa;
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!(kVarlen && kPackGqa), "variable-length batches have no packed-row kernels");
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kRecipe.head_dim;
   static constexpr int kHeadDimV = kRecipe.head_dim_v;
@@ -127,8 +140,10 @@ struct ForwardMainloop {
   // each warp's rows cut only 1 or 2.
   static constexpr bool kMaskByChunks = Mask::kIsLocal && kRecipe.mask_by_chunks;
   static constexpr int kMaskChunk = 32;
-  // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma).
-  static constexpr bool kReleaseQInWalk = kRecipe.release_q_in_walk;
+  // Whether the walk's last step, not the end of the walk, releases Q (see the walk in mma). Not
+  // from a tile queue (variable-length batches): the consumers would ask for the next tile before
+  // the walk, which the producer publishes only once it has issued all of this tile's loads.
+  static constexpr bool kReleaseQInWalk = kRecipe.release_q_in_walk && !kVarlen;
   static_assert(!kReleaseQInWalk || kOOutsideQ, "Q can be released in the walk only where O leaves it alone");
   // Else (not kOOutsideQ) O is written into Q's buffer. Each consumer warpgroup may write only the
   // bytes of the rows its own Q K^T GEMMs read: true when O's layout is Q's restricted to the first
@@ -166,12 +181,33 @@ struct ForwardMainloop {
   using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorV{}, cute::take<0, 2>(SmemLayoutV{}),
                                             cute::Shape<BlockN, HeadDimV>{}, cute::_1{}));
 
+  // A paged KV cache (variable-length kernels, calls with a page table): each key tile is gathered
+  // from its sequence's pages by TMA copies of box_rows rows and one swizzle atom's columns, into
+  // the tile's stage at those rows and columns. box_rows is a power of two that divides both the
+  // page size and kBlockN, so that a box never crosses a page, and whose rows of the atom fill
+  // whole 128 bytes, the alignment of a TMA destination. TMA swizzles by the destination's address
+  // bits, so the boxes land as one copy of the whole tile would.
+  static constexpr int kChunkK = cute::size<1>(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDim>());
+  static constexpr int kChunkV = cute::size<1>(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDimV>());
+  // The fewest rows a box may have: the atom's row bytes times this fill 128 bytes.
+  static constexpr int kMinBoxRows = 128 / (cute::min(kChunkK, kChunkV) * int{sizeof(Element)});
+  struct NoPages {};
+  struct PagedKV {
+    cute::TmaDescriptor k, v;  // (d or dv, page_size, nheads_kv, num_pages), boxes (chunk, box_rows, 1, 1)
+    int const* page_table;     // null: K and V are packed rows
+    int64_t table_stride;
+    int page_size, box_rows;
+  };
+
   struct Params {
     TmaQ tma_q;  // unpacked Q
     TmaK tma_k;
     TmaV tma_v;
+    // The TMA extents: for variable-length batches the packed tensors' rows and a batch of one.
     int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
-    Rows rows;
+    Rows rows;  // of a fixed-length batch
     // Packed Q, gathered row by row: (batch, seqlen_q, nheads, d) with these strides.
     Element const* q;
     int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -181,21 +217,26 @@ struct ForwardMainloop {
     float softcap_prescale;  // softmax_scale / softcap
     float score_scale;       // softmax_scale, or softcap with soft-capping
     float score_scale_log2;  // score_scale * log2(e)
+    // Last, so that the fixed-length kernels' other parameters keep their places.
+    cute::conditional_t<kVarlen, PagedKV, NoPages> paged;
   };
 
   static Params to_params(ForwardParams const& p) {
     using namespace cute;
     // TMA descriptors need non-empty extents and a non-null address; with seqlen_k == 0 no key tile
     // is ever loaded (n_block_end is 0), so K and V borrow Q's address and a length of one.
-    bool const no_keys = p.seqlen_k == 0;
-    auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch) {
-      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, p.batch),
-                         make_stride(row, _1{}, head, batch));
+    int const batch = kVarlen ? 1 : p.batch;
+    int const seqlen_q = kVarlen ? p.total_q : p.seqlen_q;
+    int const seqlen_k = kVarlen ? p.total_k : p.seqlen_k;
+    bool const no_keys = seqlen_k == 0;
+    auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch_stride) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, batch),
+                         make_stride(row, _1{}, head, batch_stride));
     };
-    auto mQ = gmem(p.q, HeadDim{}, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-    auto mK = gmem(no_keys ? p.q : p.k, HeadDim{}, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.k_row_stride,
+    auto mQ = gmem(p.q, HeadDim{}, seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mK = gmem(no_keys ? p.q : p.k, HeadDim{}, no_keys ? 1 : seqlen_k, p.nheads_kv, p.k_row_stride,
                    p.k_head_stride, p.k_batch_stride);
-    auto mV = gmem(no_keys ? p.q : p.v, HeadDimV{}, no_keys ? 1 : p.seqlen_k, p.nheads_kv, p.v_row_stride,
+    auto mV = gmem(no_keys ? p.q : p.v, HeadDimV{}, no_keys ? 1 : seqlen_k, p.nheads_kv, p.v_row_stride,
                    p.v_head_stride, p.v_batch_stride);
     float constexpr kLog2e = 1.4426950408889634f;
     bool const softcap = p.softcap > 0.f;
@@ -203,11 +244,11 @@ struct ForwardMainloop {
     return {make_tma_copy(SM90_TMA_LOAD{}, mQ, SmemLayoutQ{}, Shape<BlockM, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(SmemLayoutK{}), Shape<BlockN, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(SmemLayoutV{}), Shape<BlockN, HeadDimV>{}, _1{}),
-            p.seqlen_q,
-            p.seqlen_k,
+            seqlen_q,
+            seqlen_k,
             p.nheads,
             p.nheads_kv,
-            p.batch,
+            batch,
             Rows::make(p.seqlen_q, p.nheads, p.nheads_kv),
             static_cast<Element const*>(p.q),
             p.q_batch_stride,
@@ -216,11 +257,72 @@ struct ForwardMainloop {
             softcap,
             softcap ? p.softmax_scale / p.softcap : 0.f,
             score_scale,
-            score_scale * kLog2e};
+            score_scale * kLog2e,
+            paged_kv(p)};
+  }
+
+  // The paged-cache part of the parameters: page_table null without a page table, and also where a
+  // descriptor could not be encoded (launch_kernel reports it).
+  static auto paged_kv(ForwardParams const& p) {
+    if constexpr (kVarlen) {
+      PagedKV paged{};
+      if (p.page_table == nullptr) return paged;
+      // The largest power of two that divides both the page size and the key tile, at most 256
+      // rows (a TMA box's limit); validation kept it at kMinBoxRows or more.
+      int box_rows = 1;
+      while (box_rows < 256 && p.page_size % (2 * box_rows) == 0 && kBlockN % (2 * box_rows) == 0) box_rows *= 2;
+      paged.page_size = p.page_size;
+      paged.box_rows = box_rows;
+      paged.table_stride = p.page_table_stride;
+      if (box_rows >= kMinBoxRows &&
+          encode_pages<kChunkK>(paged.k, p.k, kHeadDim, p, p.k_row_stride, p.k_head_stride, p.k_batch_stride,
+                                box_rows) &&
+          encode_pages<kChunkV>(paged.v, p.v, kHeadDimV, p, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                                box_rows)) {
+        paged.page_table = p.page_table;
+      }
+      return paged;
+    } else {
+      return NoPages{};
+    }
+  }
+
+  // The TMA descriptor of paged K or V (`cols` wide, strides in elements): dimensions (cols,
+  // page_size, nheads_kv, num_pages), boxes of one swizzle atom's kChunk columns and box_rows rows,
+  // swizzled as the atom. A stride of a dimension of size 1 may be 0 (never followed); TMA takes
+  // 16 bytes there.
+  template <int kChunk>
+  static bool encode_pages(cute::TmaDescriptor& desc, void const* base, int cols, ForwardParams const& p,
+                           int64_t row_stride, int64_t head_stride, int64_t page_stride, int box_rows) {
+    auto const bytes = [](int64_t stride) {
+      return static_cast<cuuint64_t>(stride == 0 ? 16 : stride * int64_t{sizeof(Element)});
+    };
+    constexpr int kChunkBytes = kChunk * int{sizeof(Element)};
+    static_assert(kChunkBytes == 128 || kChunkBytes == 64 || kChunkBytes == 32, "a swizzled atom's row");
+    CUtensorMapSwizzle const swizzle = kChunkBytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : kChunkBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                           : CU_TENSOR_MAP_SWIZZLE_32B;
+    cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(p.page_size),
+                          static_cast<cuuint64_t>(p.nheads_kv), static_cast<cuuint64_t>(p.num_pages)};
+    cuuint64_t strides[3] = {bytes(row_stride), bytes(head_stride), bytes(page_stride)};
+    cuuint32_t box[4] = {kChunk, static_cast<cuuint32_t>(box_rows), 1, 1};
+    cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    CUresult const result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+        &desc, cute::TMA::to_CUtensorMapDataType<Element>(), 4, const_cast<void*>(base), dims, strides, box,
+        element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return result == CUDA_SUCCESS;
   }
 
   static CUTLASS_DEVICE void prefetch_tma_descriptors(Params const& params) {
     if constexpr (!kPackGqa) cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    if constexpr (kVarlen) {
+      if (params.paged.page_table != nullptr) {
+        cute::prefetch_tma_descriptor(&params.paged.k);
+        cute::prefetch_tma_descriptor(&params.paged.v);
+        return;
+      }
+    }
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
   }
@@ -239,22 +341,41 @@ struct ForwardMainloop {
   static constexpr bool kSkipRowsPastEnd = kRecipe.skip_rows_past_end;
   // How many of consumer warpgroup `consumer`'s 64 rows of query tile m_block exist (at most 0:
   // none), and whether they all lie past the last row.
-  static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, int m_block, int consumer) {
-    return params.rows.rows - (m_block * kBlockM + consumer * 64);
+  // `tile`: a ForwardTile, or a VarlenTile, whose sequence's queries are its rows.
+  template <class Tile>
+  static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, Tile const& tile, int consumer) {
+    if constexpr (kVarlen) {
+      return tile.span.seqlen_q - (tile.m_block * kBlockM + consumer * 64);
+    } else {
+      return params.rows.rows - (tile.m_block * kBlockM + consumer * 64);
+    }
   }
-  static CUTLASS_DEVICE bool rows_past_end(Params const& params, int m_block, int consumer) {
-    return rows_in_warpgroup(params, m_block, consumer) <= 0;
+  template <class Tile>
+  static CUTLASS_DEVICE bool rows_past_end(Params const& params, Tile const& tile, int consumer) {
+    return rows_in_warpgroup(params, tile, consumer) <= 0;
   }
 
   // q_full completes once per Q tile: on one arrival plus the TMA's bytes, or, packed, on one
   // arrival per lane of the warp that gathers Q (load_q_packed).
   static constexpr int kQFullArrivals = kPackGqa ? 32 : 1;
 
+  // The rows of (head, batch) in the coordinates of a TMA tensor (seqlen, d, heads, batch): from
+  // row `offset` on for a variable-length batch's sequence.
+  template <class TmaTensor>
+  static CUTLASS_DEVICE auto sequence_rows(TmaTensor const& tensor, int head, int batch, int offset) {
+    using namespace cute;
+    if constexpr (kVarlen) {
+      return domain_offset(make_coord(offset, _0{}), tensor(_, _, head, 0));
+    } else {
+      return tensor(_, _, head, batch);
+    }
+  }
+
   // Query tile m_block of (head, batch) in the coordinates of Q's TMA: (kBlockM, d).
-  static CUTLASS_DEVICE auto query_tile(Params const& params, int m_block, int head, int batch) {
+  static CUTLASS_DEVICE auto query_tile(Params const& params, int m_block, int head, int batch, RowOffsets offsets) {
     using namespace cute;
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seqlen_q, HeadDim{}, params.nheads, params.batch));
-    return local_tile(mQ(_, _, head, batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+    return local_tile(sequence_rows(mQ, head, batch, offsets.q), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
   }
 
   // Producer, one thread, for one tile that visits key tiles [blocks.begin, blocks.end): the K and
@@ -265,30 +386,42 @@ struct ForwardMainloop {
   template <class WaitQFree>
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& smem, cutlass::arch::ClusterTransactionBarrier& q_full,
                                   Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& write, int m_block,
-                                  int head, int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free) {
+                                  int head, int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free,
+                                  RowOffsets offsets = {}) {
     using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
+    int const head_kv = params.rows.kv_head(head);
+    if constexpr (kVarlen) {
+      if (params.paged.page_table != nullptr) {
+        load_tile(params, smem, q_full, m_block, head, batch, blocks, wait_q_free, offsets, [&](int n_block) {
+          pipeline_k.producer_acquire(write);
+          load_pages<SmemLayoutK, kChunkK, kHeadDim>(params.paged, params.paged.k, pipeline_k.producer_get_barrier(write),
+                                                     smem.k.data(), write.index(), n_block, batch, head_kv,
+                                                     offsets.keys);
+          pipeline_v.producer_acquire(write);
+          load_pages<SmemLayoutV, kChunkV, kHeadDimV>(params.paged, params.paged.v,
+                                                      pipeline_v.producer_get_barrier(write), smem.v.data(),
+                                                      write.index(), n_block, batch, head_kv, offsets.keys);
+          ++write;
+        });
+        return;
+      }
+    }
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});  // (kBlockN, d, stage)
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});  // (kBlockN, dv, stage)
-    int const head_kv = params.rows.kv_head(head);
     int const seqlen_k = cute::max(params.seqlen_k, 1);  // as in to_params
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
-    Tensor gQ = query_tile(params, m_block, head, batch);  // (kBlockM, d)
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, d, n)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<BlockN, HeadDimV>{}, make_coord(_, _0{}));  // (kBlockN, dv, n)
-
-    auto tma_q = params.tma_q.get_slice(_0{});
+    Tensor gK = local_tile(sequence_rows(mK, head_kv, batch, offsets.k), Shape<BlockN, HeadDim>{},
+                           make_coord(_, _0{}));  // (kBlockN, d, n)
+    Tensor gV = local_tile(sequence_rows(mV, head_kv, batch, offsets.k), Shape<BlockN, HeadDimV>{},
+                           make_coord(_, _0{}));  // (kBlockN, dv, n)
     auto tma_k = params.tma_k.get_slice(_0{});
     auto tma_v = params.tma_v.get_slice(_0{});
-    Tensor tQgQ = tma_q.partition_S(gQ);  // (TMA, TMA_M, TMA_D)
-    Tensor tQsQ = tma_q.partition_D(sQ);
     Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, n)
     Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
     Tensor tVgV = tma_v.partition_S(gV);
     Tensor tVsV = tma_v.partition_D(sV);
-
-    auto load_kv = [&](int n_block) {
+    load_tile(params, smem, q_full, m_block, head, batch, blocks, wait_q_free, offsets, [&](int n_block) {
       pipeline_k.producer_acquire(write);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, _, _, n_block),
            tKsK(_, _, _, write.index()));
@@ -296,7 +429,21 @@ struct ForwardMainloop {
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, _, _, n_block),
            tVsV(_, _, _, write.index()));
       ++write;
-    };
+    });
+  }
+
+  // load's order of one tile's copies, with load_kv(n_block) the K and V of key tile n_block.
+  template <class WaitQFree, class LoadKV>
+  static CUTLASS_DEVICE void load_tile(Params const& params, SharedStorage& smem,
+                                       cutlass::arch::ClusterTransactionBarrier& q_full, int m_block, int head,
+                                       int batch, KeyBlocks const& blocks, WaitQFree const& wait_q_free,
+                                       RowOffsets offsets, LoadKV const& load_kv) {
+    using namespace cute;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
+    Tensor gQ = query_tile(params, m_block, head, batch, offsets);          // (kBlockM, d)
+    auto tma_q = params.tma_q.get_slice(_0{});
+    Tensor tQgQ = tma_q.partition_S(gQ);  // (TMA, TMA_M, TMA_D)
+    Tensor tQsQ = tma_q.partition_D(sQ);
     int const first_block = blocks.first();
     load_kv(first_block);
     if constexpr (!kPackGqa) {
@@ -312,11 +459,43 @@ struct ForwardMainloop {
     }
   }
 
+  // Producer, one thread: key tile n_block of sequence `sequence` and KV head head_kv from a paged
+  // cache (PagedKV) into `stage` of the ring at `buffer` (SmemLayout: (kBlockN, kCols, stage)).
+  // Boxes past the sequence's `keys` read page -1, outside the pages, which TMA fills with zeros (a
+  // stale stage could hold non-finite values that P = 0 would still multiply); so do page ids past
+  // num_pages or negative, and nothing outside the pages is read. One page id at a time: the
+  // producer's 24 registers hold no more without spilling, and a tile's ids share a cache line or few.
+  template <class SmemLayout, int kChunk, int kCols>
+  static CUTLASS_DEVICE void load_pages(PagedKV const& paged, cute::TmaDescriptor const& desc, uint64_t* barrier,
+                                        Element* buffer, int stage, int n_block, int sequence, int head_kv,
+                                        int keys) {
+    auto const offset = cute::get_nonswizzle_portion(SmemLayout{});
+    int const* const table = paged.page_table + sequence * paged.table_stride;
+    int const first_key = n_block * kBlockN;
+    int page_index = first_key / paged.page_size;
+    int page_row = first_key - page_index * paged.page_size;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int row = 0; row < kBlockN; row += paged.box_rows) {
+      int const page = first_key + row < keys ? __ldg(table + page_index) : -1;
+      CUTLASS_PRAGMA_UNROLL
+      for (int col = 0; col < kCols; col += kChunk) {
+        cute::SM90_TMA_LOAD_4D::copy(&desc, barrier, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                     buffer + offset(row, col, stage), col, page_row, head_kv, page);
+      }
+      page_row += paged.box_rows;
+      if (page_row == paged.page_size) {
+        page_row = 0;
+        ++page_index;
+      }
+    }
+  }
+
   // Producer, one thread: asks L2 for query tile m_block of (head, batch) by a TMA prefetch, without
   // a barrier or a destination (kPrefetchNextQ).
-  static CUTLASS_DEVICE void prefetch_q(Params const& params, int m_block, int head, int batch) {
+  static CUTLASS_DEVICE void prefetch_q(Params const& params, int m_block, int head, int batch,
+                                         RowOffsets offsets = {}) {
     auto tma_q = params.tma_q.get_slice(cute::_0{});
-    cute::prefetch(params.tma_q, tma_q.partition_S(query_tile(params, m_block, head, batch)));
+    cute::prefetch(params.tma_q, tma_q.partition_S(query_tile(params, m_block, head, batch, offsets)));
   }
 
   // Producer warp, packed Q only (lane in [0, 32)): gathers the tile's rows, each from its own query

@@ -1,6 +1,7 @@
 // The forward kernels' arguments: validated ForwardArgs, flattened by the plan (src/api/plan.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -15,6 +16,20 @@ inline constexpr std::int64_t kMaxSeqlenSum = std::numeric_limits<std::int32_t>:
 // height (one consumer warpgroup's rows), so that the bound holds for every recipe and for packed rows.
 inline constexpr std::int64_t kSmallestBlockM = 64;
 inline constexpr std::int64_t kMaxQueryTiles = std::numeric_limits<std::int32_t>::max() - 65536;
+
+// A variable-length batch's tile list in the workspace (varlen.h), in ints: the queue's counter
+// (indices taken so far), the tiles in all, padding, then order[batch] (sequence indices, longest
+// first: most keys, then most queries), tile_start[batch + 1] (the tiles of sequence order[p] are
+// tile_start[p] .. tile_start[p + 1], head by head, within a head the last query tile first: the
+// longest under a causal band) and scratch[batch] for the sort.
+struct VarlenTileList {
+  static constexpr int kCounter = 0, kNumTiles = 1, kOrder = 4;
+  static constexpr int tile_start(int batch) { return kOrder + batch; }
+  static constexpr int scratch(int batch) { return kOrder + 2 * batch + 1; }
+  static constexpr std::size_t bytes(int batch) {
+    return sizeof(int) * (static_cast<std::size_t>(scratch(batch)) + batch);
+  }
+};
 
 struct ForwardParams {
   const void* q = nullptr;  // (batch, seqlen_q, nheads, head_dim)
@@ -47,6 +62,24 @@ struct ForwardParams {
   // The device's SM count, which the persistent grids are sized to, and its L2 size in bytes.
   int num_sms = 0;
   std::int64_t l2_bytes = 0;
+
+  // Variable-length batches (flashhop.h's packed layout), else null. Then batch counts the
+  // sequences, seqlen_q and seqlen_k are the bounds max_seqlen_q and max_seqlen_k (the band's
+  // unbounded sides are written against them), total_q and total_k the packed tensors' rows, the
+  // batch strides are 0, and the workspace holds the scheduler's tile list (varlen.h).
+  int const* cu_seqlens_q = nullptr;  // (batch + 1)
+  int const* cu_seqlens_k = nullptr;  // (batch + 1)
+  int const* seqused_q = nullptr;     // (batch) or null
+  int const* seqused_k = nullptr;     // (batch) or null
+  int total_q = 0, total_k = 0;
+
+  // A paged KV cache (flashhop.h), only with cu_seqlens_q, else null. Then k and v are pages
+  // (num_pages, page_size, nheads_kv, d) with the page stride as their batch stride, cu_seqlens_k
+  // is null, seqused_k holds each sequence's keys and total_k is a sequence's capacity
+  // (max_pages * page_size).
+  int const* page_table = nullptr;  // (batch, page_table_stride), max_pages used in each row
+  std::int64_t page_table_stride = 0;
+  int page_size = 0, num_pages = 0, max_pages = 0;
 };
 
 }  // namespace flashhop::sm90

@@ -61,6 +61,7 @@ struct ForwardRecipe {
   bool skip_rows_past_end;       // a warpgroup whose rows all lie past the last row skips the tile
   bool skip_unseen_key_tiles;    // a warpgroup skips the band's edge key tiles its rows do not see
   SplitPolicy split;
+  bool varlen;                   // also compiled for variable-length batches (the call's recipe then)
   int ptxas_register_usage_level;  // -1: ptxas's default (CMake passes the others per file)
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }

@@ -13,6 +13,7 @@
 #include <cutlass/fast_math.h>
 
 #include "kernels/sm90/split_round.h"
+#include "kernels/sm90/varlen.h"
 
 namespace flashhop::sm90 {
 
@@ -186,6 +187,66 @@ struct CausalScheduler {
     int batch, head;
     params.heads(batch, head, head_batch);
     return {params.m_blocks.divisor - 1 - rank, head, batch};
+  }
+};
+
+// A variable-length batch's tile (varlen.h): the tile, and where its sequence lies.
+struct VarlenTile : ForwardTile {
+  SequenceSpan span;
+};
+
+// Variable-length batches: a queue as CausalScheduler's, over the tile list that
+// varlen_prepare_kernel wrote (varlen.h): the sequences with the most keys first, each head by
+// head, the longest query tile of a head first, so that the run ends on the shortest tiles. The
+// grid is sized by the bound on the tiles; the list holds how many there are.
+struct VarlenScheduler {
+  struct Params {
+    int* list;                      // VarlenTileList
+    int batch;
+    int ctas;        // the grid size
+    int tile_heads;  // query heads, or KV heads with packed rows
+    VarlenSequences sequences;
+  };
+
+  // num_tiles_bound: the most tiles the batch can have (the grid's bound).
+  static Params to_params(int* list, int batch, int tile_heads, std::int64_t num_tiles_bound, int num_sms,
+                          VarlenSequences const& sequences) {
+    int const ctas = static_cast<int>(std::min<std::int64_t>(num_tiles_bound, num_sms));
+    return {list, batch, std::max(ctas, 1), tile_heads, sequences};
+  }
+  static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas)); }
+  static CUTLASS_DEVICE int first_tile(Params const&) { return blockIdx.x; }
+  // The list was written by the kernel before this one on the stream.
+  static CUTLASS_DEVICE bool has_tile(Params const& params, int index) {
+    return index < __ldg(params.list + VarlenTileList::kNumTiles);
+  }
+  static CUTLASS_HOST_DEVICE bool is_part(Params const&, int) { return false; }
+  static CUTLASS_DEVICE int take_next_tile(Params const& params) {
+    return params.ctas + atomicAdd(params.list + VarlenTileList::kCounter, 1);
+  }
+
+  static CUTLASS_DEVICE VarlenTile tile(Params const& params, int index) {
+    int const* tile_start = params.list + VarlenTileList::tile_start(params.batch);
+    // The last p with tile_start[p] <= index (sequences without tiles share their start).
+    int low = 0, high = params.batch - 1;
+    while (low < high) {
+      int const mid = (low + high + 1) / 2;
+      if (__ldg(tile_start + mid) <= index) {
+        low = mid;
+      } else {
+        high = mid - 1;
+      }
+    }
+    int const sequence = __ldg(params.list + VarlenTileList::kOrder + low);
+    VarlenTile t;
+    t.span = params.sequences.span(sequence);
+    int const m_blocks = (__ldg(tile_start + low + 1) - __ldg(tile_start + low)) / params.tile_heads;
+    int const local = index - __ldg(tile_start + low);
+    int const head = local / m_blocks, rank = local - head * m_blocks;
+    t.m_block = m_blocks - 1 - rank;
+    t.head = head;
+    t.batch = sequence;
+    return t;
   }
 };
 

@@ -1,0 +1,134 @@
+"""flash_attn_with_kvcache: FlashAttention-3's attention over a KV cache, contiguous or paged. The
+argument checks run anywhere; the GPU tests compare each sequence with flash_attn_func over that
+sequence's keys gathered from the cache, and skip where the build left the kernel out."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashhop  # noqa: E402
+from helpers import requires_hopper, skip_unless_built  # noqa: E402
+
+
+# ---- arguments, anywhere ----------------------------------------------------------------------
+
+def _cpu_decode():
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16)
+    cache = torch.randn(2, 64, 2, 128, dtype=torch.bfloat16)
+    return q, cache, cache.clone()
+
+
+@pytest.mark.parametrize("name", ["k", "v", "rotary_cos", "rotary_sin", "cu_seqlens_k_new", "rotary_seqlens",
+                                  "cache_leftpad"])
+def test_appending_is_not_implemented_yet(name):
+    q, k_cache, v_cache = _cpu_decode()
+    with pytest.raises(NotImplementedError, match=rf"flash_attn_with_kvcache\({name}=...\) is not implemented"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, **{name: torch.zeros(2)})
+
+
+@pytest.mark.parametrize("num_splits", [-1, 1.5, True])
+def test_num_splits_is_a_non_negative_int(num_splits):
+    q, k_cache, v_cache = _cpu_decode()
+    with pytest.raises(ValueError, match="num_splits = .*: expected an int >= 0"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=num_splits)
+
+
+def test_cache_rank_and_batch_are_checked():
+    q, k_cache, v_cache = _cpu_decode()
+    with pytest.raises(ValueError, match=r"k_cache.rank = 3: expected 4"):
+        flashhop.flash_attn_with_kvcache(q, k_cache[0], v_cache)
+    with pytest.raises(ValueError, match=r"k_cache.shape\[0\] \(batch_cache\) = 1: expected >= 2"):
+        flashhop.flash_attn_with_kvcache(q, k_cache[:1], v_cache[:1])
+    with pytest.raises(ValueError, match="cache_batch_idx is given with page_table"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, page_table=torch.zeros(2, 1, dtype=torch.int32),
+                                         cache_batch_idx=torch.zeros(2, dtype=torch.int32))
+
+
+def test_cpu_tensors_are_rejected():
+    q, k_cache, v_cache = _cpu_decode()
+    with pytest.raises(ValueError, match="q is on cpu: expected a CUDA tensor"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=10)
+
+
+# ---- against flash_attn_func, on a Hopper GPU ----------------------------------------------------
+
+def _paged(keys, page_size, nheads_kv=2, head_dim=128, dtype=torch.bfloat16):
+    """Each sequence's keys and values (keys[b], nheads_kv, head_dim), and the same laid on shuffled
+    pages of a cache with a page table; the cache's other slots hold large values."""
+    max_pages = max((n + page_size - 1) // page_size for n in keys) + 1
+    num_pages = sum((n + page_size - 1) // page_size for n in keys) + 3
+    k_cache = torch.full((num_pages, page_size, nheads_kv, head_dim), 100.0, dtype=dtype, device="cuda")
+    v_cache = torch.full((num_pages, page_size, nheads_kv, head_dim), 1000.0, dtype=dtype, device="cuda")
+    table = torch.full((len(keys), max_pages), -1, dtype=torch.int32, device="cuda")
+    order = torch.randperm(num_pages).tolist()
+    ks, vs = [], []
+    for b, n in enumerate(keys):
+        k = torch.randn(n, nheads_kv, head_dim, dtype=dtype, device="cuda")
+        v = torch.randn(n, nheads_kv, head_dim, dtype=dtype, device="cuda")
+        for j in range(0, n, page_size):
+            page = order.pop()
+            table[b, j // page_size] = page
+            rows = min(page_size, n - j)
+            k_cache[page, :rows], v_cache[page, :rows] = k[j:j + rows], v[j:j + rows]
+        ks.append(k)
+        vs.append(v)
+    return ks, vs, k_cache, v_cache, table
+
+
+def _reference(q, ks, vs, **options):
+    """out (batch, seqlen_q, nheads, head_dim) and lse (batch, nheads, seqlen_q), each sequence alone."""
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, lse = flashhop.flash_attn_func(q[b:b + 1], ks[b][None], vs[b][None], return_attn_probs=True, **options)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+@requires_hopper
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (100, 0), "softcap": 20.0}])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+def test_paged_cache_matches_per_sequence_calls(page_size, options, seqlen_q):
+    keys = [1000, 17, 3000, 300]
+    ks, vs, k_cache, v_cache, table = _paged(keys, page_size)
+    q = torch.randn(len(keys), seqlen_q, 8, 128, dtype=torch.bfloat16, device="cuda")
+    cache_seqlens = torch.tensor(keys, dtype=torch.int32, device="cuda")
+    out, lse = skip_unless_built(flashhop.flash_attn_with_kvcache, q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                 page_table=table, return_softmax_lse=True, **options)
+    expected_out, expected_lse = _reference(q, ks, vs, **options)
+    torch.testing.assert_close(out, expected_out, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, expected_lse, atol=1e-3, rtol=1e-3)
+
+
+@requires_hopper
+def test_contiguous_cache_with_batch_index():
+    cache_k = torch.randn(5, 512, 2, 128, dtype=torch.bfloat16, device="cuda")
+    cache_v = torch.randn(5, 512, 2, 128, dtype=torch.bfloat16, device="cuda")
+    batch_idx = torch.tensor([3, 0, 4], dtype=torch.int32, device="cuda")
+    keys = [500, 1, 512]
+    q = torch.randn(3, 2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    out = skip_unless_built(flashhop.flash_attn_with_kvcache, q, cache_k, cache_v,
+                            cache_seqlens=torch.tensor(keys, dtype=torch.int32, device="cuda"),
+                            cache_batch_idx=batch_idx, causal=True)
+    ks = [cache_k[int(i), :n] for i, n in zip(batch_idx, keys)]
+    vs = [cache_v[int(i), :n] for i, n in zip(batch_idx, keys)]
+    expected, _ = _reference(q, ks, vs, causal=True)
+    torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
+
+
+@requires_hopper
+def test_varlen_queries_over_a_paged_cache():
+    keys = [40, 700, 5]
+    ks, vs, k_cache, v_cache, table = _paged(keys, 16)
+    lengths = [3, 16, 0]
+    q = torch.randn(sum(lengths), 8, 128, dtype=torch.bfloat16, device="cuda")
+    cu = torch.tensor([0, 3, 19, 19], dtype=torch.int32, device="cuda")
+    out = skip_unless_built(flashhop.flash_attn_with_kvcache, q, k_cache, v_cache,
+                            cache_seqlens=torch.tensor(keys, dtype=torch.int32, device="cuda"), page_table=table,
+                            cu_seqlens_q=cu, max_seqlen_q=16, causal=True)
+    for b in range(3):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        if lengths[b] == 0:
+            continue
+        expected = flashhop.flash_attn_func(q[None, rows], ks[b][None], vs[b][None], causal=True)
+        torch.testing.assert_close(out[rows], expected[0], atol=1e-2, rtol=1e-2)
