@@ -223,6 +223,19 @@ std::string listed(const std::vector<std::string>& items) {
   return text;
 }
 
+// q in float16 or bfloat16; k, v and o in q's dtype; LSE, where given, in float32.
+Status check_attention_dtypes(const Operand& q, const Operand& k, const Operand& v, const Operand& o,
+                              const std::optional<Operand>& lse) {
+  if (q.desc.dtype != DType::kFloat16 && q.desc.dtype != DType::kBFloat16) {
+    return invalid("q.dtype = ", dtype_name(q.desc.dtype), ": expected float16 or bfloat16");
+  }
+  FirstError checks;
+  checks << check_dtype(k, q.desc.dtype, "the dtype of q") << check_dtype(v, q.desc.dtype, "the dtype of q")
+         << check_dtype(o, q.desc.dtype, "the dtype of q");
+  if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
+  return checks.status();
+}
+
 // head_dim and head_dim_v are dimension `d` of q and `v_d` of v (3 in the fixed-length layout, 2
 // with cu_seqlens, v's 3 in a paged cache).
 Status check_supported_head_dims(const Operand& q, const Operand& v, int d = 3, int v_d = 3) {
@@ -411,12 +424,7 @@ Status validate_varlen_forward(const ForwardArgs& args) {
   for (const Operand* t : indices) checks << check_rank(*t);
   if (!checks.status().ok()) return checks.status();
 
-  if (args.q.dtype != DType::kFloat16 && args.q.dtype != DType::kBFloat16) {
-    return invalid("q.dtype = ", dtype_name(args.q.dtype), ": expected float16 or bfloat16");
-  }
-  checks << check_dtype(k, args.q.dtype, "the dtype of q") << check_dtype(v, args.q.dtype, "the dtype of q")
-         << check_dtype(o, args.q.dtype, "the dtype of q");
-  if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
+  if (Status status = check_attention_dtypes(q, k, v, o, lse); !status.ok()) return status;
   for (const Operand* t : indices) checks << check_dtype(*t, DType::kInt32, "sequence offsets and lengths are int32");
   if (!checks.status().ok()) return checks.status();
 
@@ -529,13 +537,7 @@ Status validate_forward(const ForwardArgs& args) {
   if (lse) checks << check_rank(*lse);
   if (!checks.status().ok()) return checks.status();
 
-  if (args.q.dtype != DType::kFloat16 && args.q.dtype != DType::kBFloat16) {
-    return invalid("q.dtype = ", dtype_name(args.q.dtype), ": expected float16 or bfloat16");
-  }
-  checks << check_dtype(k, args.q.dtype, "the dtype of q") << check_dtype(v, args.q.dtype, "the dtype of q")
-         << check_dtype(o, args.q.dtype, "the dtype of q");
-  if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
-  if (!checks.status().ok()) return checks.status();
+  if (Status status = check_attention_dtypes(q, k, v, o, lse); !status.ok()) return status;
 
   // Shapes. q defines batch, seqlen_q, nheads and head_dim; k defines seqlen_k and nheads_kv;
   // v defines head_dim_v.
