@@ -151,6 +151,19 @@ std::int64_t count_written(const Config& c, const std::vector<float>& o, const s
   return written;
 }
 
+// forward with the case's mask options, on a stream of its own, with a workspace of the size asked.
+Status run_forward(flashhop::ForwardArgs& args, const Masking& masking) {
+  args.causal = masking.causal;
+  args.window_left = masking.window_left;
+  args.window_right = masking.window_right;
+  args.softcap = masking.softcap;
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const Status status = with_workspace(args, flashhop::forward_workspace_size, flashhop::forward, stream);
+  cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  return status;
+}
+
 using VarlenGpu = GpuTestWithParam<VarlenCase>;
 
 TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
@@ -207,15 +220,7 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   }
   args.max_seqlen_q = max_q;
   args.max_seqlen_k = max_k;
-  args.causal = c.masking.causal;
-  args.window_left = c.masking.window_left;
-  args.window_right = c.masking.window_right;
-  args.softcap = c.masking.softcap;
-
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  const Status status = with_workspace(args, flashhop::forward_workspace_size, flashhop::forward, stream);
-  cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  const Status status = run_forward(args, c.masking);
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
   const std::vector<float> o = download_as_floats(dout, c.dtype);
@@ -350,15 +355,7 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
   args.page_table = flashhop::make_contiguous(dtable.data(), DType::kInt32, {batch, max_pages});
   args.max_seqlen_q = max_q;
   args.max_seqlen_k = max_k;
-  args.causal = c.masking.causal;
-  args.window_left = c.masking.window_left;
-  args.window_right = c.masking.window_right;
-  args.softcap = c.masking.softcap;
-
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  const Status status = with_workspace(args, flashhop::forward_workspace_size, flashhop::forward, stream);
-  cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  const Status status = run_forward(args, c.masking);
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
   const std::vector<float> o = download_as_floats(dout, c.dtype);
