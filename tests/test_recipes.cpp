@@ -92,20 +92,17 @@ TEST(RecipeLookup, EveryChoiceFindsARecipe) {
   EXPECT_FALSE(flashhop::detail::find_recipe(128, 64, false, false, kWide).has_value());
 }
 
-// The plan takes a head dim's variable-length kernel by mask kind: one recipe each, unpacked, its
-// O out through a buffer of its own or Q's (stored row by row).
-TEST(RecipeLookup, EachHeadDimAndMaskKindHasOneVariableLengthRecipe) {
+// The plan takes a head dim's variable-length kernel by mask kind and packed rows: one recipe each,
+// its O out through a buffer of its own or Q's (stored row by row).
+TEST(RecipeLookup, EachHeadDimMaskKindAndPackingHasOneVariableLengthRecipe) {
   for (const flashhop::sm90::ForwardRecipe& r : kForwardRecipes) {
     int varlen = 0;
     for (const flashhop::sm90::ForwardRecipe& other : kForwardRecipes) {
       varlen += other.varlen && other.head_dim == r.head_dim && other.head_dim_v == r.head_dim_v &&
-                other.local() == r.local();
+                other.local() == r.local() && other.pack_gqa == r.pack_gqa;
     }
     EXPECT_EQ(varlen, 1) << r.name;
-    if (r.varlen) {
-      EXPECT_FALSE(r.pack_gqa) << r.name;
-      EXPECT_NE(r.o_buffer, OBuffer::kTakeTurns) << r.name;
-    }
+    if (r.varlen) EXPECT_NE(r.o_buffer, OBuffer::kTakeTurns) << r.name;
   }
 }
 

@@ -213,6 +213,12 @@ const InvalidCase kInvalidCases[] = {
        a.lse->data = shifted(a.q.data, std::int64_t{1} << 43);
      },
      kInvalid, {"pack_gqa = on: seqlen_q * nheads / nheads_kv = 2147483648", "expected <= 2147418111"}},
+    // splits by keys: variable-length and paged calls only
+    {"num_splits_negative", [](ForwardArgs& a) { a.num_splits = -1; }, kInvalid,
+     {"num_splits = -1", "expected 0 (the library chooses) to 256"}},
+    {"num_splits_past_the_most", [](ForwardArgs& a) { a.num_splits = 257; }, kInvalid, {"num_splits = 257"}},
+    {"num_splits_fixed_length", [](ForwardArgs& a) { a.num_splits = 2; }, kNotSupported,
+     {"num_splits = 2 without cu_seqlens_q", "expected 0 or 1", "applies to variable-length and paged calls"}},
     // variable-length fields without cu_seqlens
     {"seqused_q_without_cu_seqlens",
      [](ForwardArgs& a) { a.seqused_q = flashhop::make_contiguous(a.q.data, DType::kInt32, {2}); }, kNotSupported,
@@ -915,6 +921,18 @@ const InvalidCase kInvalidVarlenCases[] = {
      kNotSupported, {"q.shape[2] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
     {"head_dim_v_64", [](ForwardArgs& a) { a.v.shape[2] = a.o.shape[2] = 64; }, kNotSupported,
      {"v.shape[2] (head_dim_v) = 64", "expected head_dim (128)"}},
+    {"num_splits_past_the_most", [](ForwardArgs& a) { a.num_splits = 300; }, kInvalid,
+     {"num_splits = 300", "expected 0 (the library chooses) to 256"}},
+    {"num_splits_past_the_tile_count",
+     [](ForwardArgs& a) {
+       a.num_splits = 256;  // 100 x 16384 x 8 x 256 tiles
+       set_batch(a, 100);
+       set_total_q(a, 1 << 20);
+       a.max_seqlen_q = 1 << 20;
+       a.o.data = shifted(a.q.data, std::int64_t{1} << 36);
+       a.lse->data = shifted(a.q.data, std::int64_t{1} << 37);
+     },
+     kInvalid, {"num_splits = 256", "nheads * num_splits query tiles, expected <= 2147418111"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Varlen, InvalidVarlenArguments, ::testing::ValuesIn(kInvalidVarlenCases),
@@ -1032,14 +1050,17 @@ TEST(VarlenPlan, TileBoundWorkspaceAndStrides) {
   EXPECT_EQ(varlen.seqused_q, args.seqused_q->data);
   EXPECT_EQ(varlen.seqused_k, args.seqused_k->data);
 
-  // The unpacked, unmasked recipe of the head dims with a variable-length kernel.
+  // The unmasked recipe of the head dims with a variable-length kernel, packed: 50 queries of 4
+  // heads per KV head fill 128-row tiles better than 50 alone.
   const flashhop::sm90::ForwardRecipe& recipe = plan.recipe_of();
   EXPECT_EQ(recipe.head_dim, 128);
   EXPECT_TRUE(recipe.varlen);
-  EXPECT_FALSE(recipe.pack_gqa);
+  EXPECT_TRUE(recipe.pack_gqa);
   EXPECT_FALSE(recipe.local());
-  EXPECT_EQ(varlen.num_tiles_bound, 3 * ((50 + recipe.block_m - 1) / recipe.block_m) * 8);
-  // The tile list: a 16-byte header, then 3 ints per sequence and one more.
+  EXPECT_EQ(varlen.num_tiles_bound, 3 * ((50 * 4 + recipe.block_m - 1) / recipe.block_m) * 2);
+  // Not split: each split would be shorter than 4 key tiles. The tile list: a 16-byte header,
+  // then 3 ints per sequence and one more.
+  EXPECT_EQ(plan.params.num_splits, 1);
   EXPECT_EQ(varlen.workspace_bytes, 16u + (3u * 3u + 1u) * 4u);
   EXPECT_EQ(plan.workspace_bytes, varlen.workspace_bytes);
 
@@ -1194,6 +1215,76 @@ TEST(VarlenPlan, StridesOfAPackedQkvWhateverTheBounds) {
   EXPECT_EQ(p.seqlen_q, 1);
 }
 
+// Unpacked when asked, and whenever packing fills the tiles no better.
+TEST(VarlenPlan, PacksQueryHeadsAsTheFixedLengthPlan) {
+  ForwardArgs args = valid_varlen_args();
+  args.pack_gqa = flashhop::PackGqa::kOff;
+  EXPECT_FALSE(flashhop::detail::plan_forward(args, {}).recipe_of().pack_gqa);
+  args.pack_gqa = flashhop::PackGqa::kAuto;
+  args.max_seqlen_q = 100;  // 4 x 100 rows fill 128-row tiles no better than 100
+  EXPECT_FALSE(flashhop::detail::plan_forward(args, {}).recipe_of().pack_gqa);
+  args.causal = true;
+  args.max_seqlen_q = 3;
+  const flashhop::detail::ForwardPlan plan = flashhop::detail::plan_forward(args, {});
+  EXPECT_TRUE(plan.recipe_of().pack_gqa);
+  EXPECT_TRUE(plan.recipe_of().local());
+  EXPECT_TRUE(plan.recipe_of().varlen);
+}
+
+// Decoding a few sequences over many keys: split about as many ways as fill the SMs, each split at
+// least 4 key tiles; an explicit count as given; none without the device's SM count or when the
+// tiles already fill the SMs. The workspace holds the tile list, then the partials 256-byte aligned.
+TEST(VarlenPlan, SplitsByKeysWhenTilesAreFewerThanSms) {
+  using flashhop::make_contiguous;
+  ForwardArgs args = valid_paged_args();
+  args.q = make_contiguous(args.q.data, DType::kBFloat16, {2, 32, 128});
+  args.o = make_contiguous(args.o.data, DType::kBFloat16, {2, 32, 128});
+  args.lse = make_contiguous(args.lse->data, DType::kFloat32, {32, 2});
+  args.k = make_contiguous(args.k.data, DType::kBFloat16, {1 << 14, 16, 8, 128});
+  args.v = make_contiguous(args.v.data, DType::kBFloat16, {1 << 14, 16, 8, 128});
+  const auto set_paged_batch = [&](std::int64_t batch) {
+    args.cu_seqlens_q->shape[0] = batch + 1;
+    args.seqused_q->shape[0] = args.seqused_k->shape[0] = batch;
+  };
+  set_paged_batch(2);
+  args.page_table = make_contiguous(args.page_table->data, DType::kInt32, {2, 1 << 13});
+  args.max_seqlen_q = 1;
+  args.max_seqlen_k = 100000;
+  ASSERT_TRUE(flashhop::validate_forward(args).ok()) << flashhop::validate_forward(args).message;
+  const auto plan_of = [&](int num_splits, int num_sms) {
+    args.num_splits = num_splits;
+    return flashhop::detail::plan_forward(args, {num_sms, 50ll << 20});
+  };
+  flashhop::detail::ForwardPlan plan = plan_of(0, 132);
+  ASSERT_TRUE(plan.recipe_of().pack_gqa);  // 4 query heads per KV head: 2 x 8 tiles
+  EXPECT_EQ(plan.varlen->num_tiles_bound, 16);
+  const int ctas = 132 * flashhop::sm90::ctas_per_sm(plan.recipe_of().consumer_warpgroups());
+  EXPECT_EQ(plan.params.num_splits, ctas / 16);
+  using Partials = flashhop::sm90::VarlenSplitPartials;
+  EXPECT_EQ(Partials::o_offset(2), 256u);
+  EXPECT_EQ(plan.workspace_bytes, 256u + std::size_t(ctas / 16) * 2 * 32 * (128 + 1) * 4);
+
+  plan = plan_of(3, 132);
+  EXPECT_EQ(plan.params.num_splits, 3);
+  EXPECT_EQ(plan.workspace_bytes, Partials::bytes(2, 3, 2, 32, 128));
+  EXPECT_EQ(plan_of(1, 132).params.num_splits, 1);
+  EXPECT_EQ(plan_of(1, 132).workspace_bytes, flashhop::sm90::VarlenTileList::bytes(2));
+  EXPECT_EQ(plan_of(0, 0).params.num_splits, 1);
+  // Short caches: each split at least 4 key tiles of 128.
+  args.max_seqlen_k = 400;
+  EXPECT_EQ(plan_of(0, 132).params.num_splits, 1);
+  args.max_seqlen_k = 1000;
+  EXPECT_EQ(plan_of(0, 132).params.num_splits, 2);
+  args.max_seqlen_k = 4096;
+  EXPECT_EQ(plan_of(0, 132).params.num_splits, 8);
+  // 128 sequences fill the SMs without splits.
+  set_paged_batch(128);
+  args.q.shape[0] = args.o.shape[0] = args.lse->shape[1] = 128;
+  args.page_table->shape[0] = 128;
+  args.max_seqlen_k = 100000;
+  EXPECT_EQ(plan_of(0, 132).params.num_splits, 1);
+}
+
 TEST(VarlenPlan, BoundsCutAtTheTotalsAndNoRowsNoWorkspace) {
   ForwardArgs args = valid_varlen_args();
   args.max_seqlen_q = 1 << 20;
@@ -1255,6 +1346,57 @@ TEST(VarlenDispatch, PlansRecipesWithVariableLengthKernels) {
                                     std::to_string(d) + ", head_dim_v " + std::to_string(dv) + " (" + recipe.name +
                                     ") is not compiled into this build (see FLASHHOP_DTYPES and FLASHHOP_HEAD_DIMS)");
     }
+  }
+}
+
+// ---- combine -----------------------------------------------------------------------------------
+
+flashhop::CombineArgs valid_combine_args() {
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f3000000000} + (gib << 32));
+  };
+  using flashhop::make_contiguous;
+  flashhop::CombineArgs a;
+  a.out_partial = make_contiguous(at(0), DType::kFloat32, {4, 10, 8, 128});
+  a.lse_partial = make_contiguous(at(1), DType::kFloat32, {4, 10, 8});
+  a.out = make_contiguous(at(2), DType::kBFloat16, {10, 8, 128});
+  a.lse = make_contiguous(at(3), DType::kFloat32, {8, 10});
+  return a;
+}
+
+TEST(CombineValidation, NamesTheArgument) {
+  EXPECT_TRUE(flashhop::validate_combine(valid_combine_args()).ok());
+  const struct {
+    std::function<void(flashhop::CombineArgs&)> change;
+    std::vector<std::string> parts;
+  } cases[] = {
+      {[](flashhop::CombineArgs& a) { a.out_partial.rank = 5; }, {"out_partial.rank = 5", "(num_splits, rows, nheads, head_dim_v)"}},
+      {[](flashhop::CombineArgs& a) { a.lse_partial.dtype = DType::kBFloat16; }, {"lse_partial.dtype = bfloat16", "float32"}},
+      {[](flashhop::CombineArgs& a) { a.out.dtype = DType::kInt32; }, {"out.dtype = int32"}},
+      {[](flashhop::CombineArgs& a) { a.out_partial.shape[0] = a.lse_partial.shape[0] = 0; }, {"out_partial.shape[0] (num_splits) = 0", ">= 1"}},
+      {[](flashhop::CombineArgs& a) { a.lse_partial.shape[1] = 11; }, {"lse_partial.shape[1] (rows) = 11", "expected 10"}},
+      {[](flashhop::CombineArgs& a) { a.out.shape[2] = 64; }, {"out.shape[2] (head_dim_v) = 64", "expected 128"}},
+      {[](flashhop::CombineArgs& a) { a.lse->shape[0] = 9; }, {"lse.shape[0] (nheads) = 9", "expected 8"}},
+      {[](flashhop::CombineArgs& a) {
+         a.out_partial.shape[3] = a.out.shape[2] = 513;
+         a.out_partial = flashhop::make_contiguous(a.out_partial.data, DType::kFloat32, {4, 10, 8, 513});
+         a.out = flashhop::make_contiguous(a.out.data, DType::kBFloat16, {10, 8, 513});
+       },
+       {"out_partial.shape[3] (head_dim_v) = 513", "expected 1 to 512"}},
+      {[](flashhop::CombineArgs& a) { a.out.stride[2] = 2; }, {"out.stride[2] = 2", "contiguous"}},
+      {[](flashhop::CombineArgs& a) { a.out.data = shifted(a.out_partial.data, 64); }, {"out.data", "overlaps out_partial"}},
+      {[](flashhop::CombineArgs& a) { a.lse->device = 1; }, {"lse.device = 1", "(out_partial.device)"}},
+  };
+  for (const auto& c : cases) {
+    flashhop::CombineArgs args = valid_combine_args();
+    c.change(args);
+    const Status status = flashhop::validate_combine(args);
+    EXPECT_EQ(status.code, StatusCode::kInvalidArgument) << status.message;
+    for (const std::string& part : c.parts) {
+      EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
+    }
+    // combine validates first: the same error, before touching the device.
+    EXPECT_EQ(flashhop::combine(args, nullptr).message, status.message);
   }
 }
 

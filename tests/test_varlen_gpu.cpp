@@ -8,6 +8,8 @@
 // - Paged: pages of 1, 3, 16, 64 and 256 rows in a shuffled order, page tables whose unused entries
 //   name no page, decoding (1 to 16 queries) and prefill, 1, 4 and 8 query heads per KV head; the
 //   slots of each sequence's last page past its keys hold large values that must not leak.
+// - Both: query heads packed into tiles or not, and keys split (partials merged by the combine
+//   kernel) or not, as the plan chooses and forced.
 // O and LSE are poisoned (NaN) before the call: every used row must be written, every other row
 // left as it was. Skipped without a Hopper GPU and for kernels the build left out.
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -36,13 +39,24 @@ struct Sequence {
   int seqlen_q, seqlen_k;
 };
 
-// What the per-sequence check needs of a case.
+// What the per-sequence check needs of a case, and how the call packs rows and splits keys.
 struct Config {
   DType dtype;
   int head_dim, head_dim_v;
   int nheads, nheads_kv;
   Masking masking;
+  flashhop::PackGqa pack_gqa = flashhop::PackGqa::kAuto;
+  int num_splits = 0;
 };
+
+// "", or "_packon" / "_packoff" and "_splits<n>" where the case sets them.
+std::string call_suffix(flashhop::PackGqa pack_gqa, int num_splits) {
+  std::string suffix = pack_gqa == flashhop::PackGqa::kOn    ? "_packon"
+                       : pack_gqa == flashhop::PackGqa::kOff ? "_packoff"
+                                                             : "";
+  if (num_splits > 0) suffix += "_splits" + std::to_string(num_splits);
+  return suffix;
+}
 
 struct VarlenCase {
   std::string name;
@@ -52,8 +66,10 @@ struct VarlenCase {
   Masking masking;
   std::vector<Sequence> sequences;
   int slack = 0;  // > 0: seqused given, each slot this many rows longer than its used rows
+  flashhop::PackGqa pack_gqa = flashhop::PackGqa::kAuto;
+  int num_splits = 0;
 
-  Config config() const { return {dtype, head_dim, head_dim_v, nheads, nheads_kv, masking}; }
+  Config config() const { return {dtype, head_dim, head_dim_v, nheads, nheads_kv, masking, pack_gqa, num_splits}; }
 };
 void PrintTo(const VarlenCase& c, std::ostream* out) { *out << c.name; }
 
@@ -151,8 +167,12 @@ std::int64_t count_written(const Config& c, const std::vector<float>& o, const s
   return written;
 }
 
-// forward with the case's mask options, on a stream of its own, with a workspace of the size asked.
-Status run_forward(flashhop::ForwardArgs& args, const Masking& masking) {
+// forward with the case's mask, packing and split options, on a stream of its own, with a workspace
+// of the size asked.
+Status run_forward(flashhop::ForwardArgs& args, const Config& config) {
+  const Masking& masking = config.masking;
+  args.pack_gqa = config.pack_gqa;
+  args.num_splits = config.num_splits;
   args.causal = masking.causal;
   args.window_left = masking.window_left;
   args.window_right = masking.window_right;
@@ -220,7 +240,7 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   }
   args.max_seqlen_q = max_q;
   args.max_seqlen_k = max_k;
-  const Status status = run_forward(args, c.masking);
+  const Status status = run_forward(args, c.config());
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
   const std::vector<float> o = download_as_floats(dout, c.dtype);
@@ -266,6 +286,17 @@ std::vector<VarlenCase> cases() {
           all.push_back({name, dtype, d, dv, seqused ? 8 : 2, seqused ? 2 : 1, mask.masking, seqused ? mixed : equal,
                          seqused ? 5 : 0});
         }
+      }
+    }
+  }
+  // Packed query heads and splits by keys, forced both ways, at d = 64 (two CTAs per SM) and 128.
+  for (auto [d, dv] : {std::pair{64, 64}, {128, 128}}) {
+    for (const auto& mask : masks) {
+      for (auto [pack, splits] : {std::pair{flashhop::PackGqa::kOn, 1}, {flashhop::PackGqa::kOn, 3},
+                                  {flashhop::PackGqa::kOff, 5}}) {
+        const std::string name = "bf16_d" + std::to_string(d) + "_" + mask.name + "_mixed_seqused_h8_kv2" +
+                                 call_suffix(pack, splits);
+        all.push_back({name, DType::kBFloat16, d, dv, 8, 2, mask.masking, mixed, 5, pack, splits});
       }
     }
   }
@@ -355,7 +386,7 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
   args.page_table = flashhop::make_contiguous(dtable.data(), DType::kInt32, {batch, max_pages});
   args.max_seqlen_q = max_q;
   args.max_seqlen_k = max_k;
-  const Status status = run_forward(args, c.masking);
+  const Status status = run_forward(args, c);
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
   const std::vector<float> o = download_as_floats(dout, c.dtype);
@@ -380,12 +411,13 @@ std::vector<PagedCase> paged_cases() {
     Masking masking;
   } masks[] = {{"full", {}}, {"causal", {true}}, {"window61_17", {false, 61, 17}}, {"softcap_causal", {true, -1, -1, 1.5f}}};
   std::vector<PagedCase> all;
-  const auto add = [&](DType dtype, int d, int dv, int page, int nheads, int nheads_kv, const auto& mask, bool decoding) {
+  const auto add = [&](DType dtype, int d, int dv, int page, int nheads, int nheads_kv, const auto& mask, bool decoding,
+                       flashhop::PackGqa pack = flashhop::PackGqa::kAuto, int splits = 0) {
     const std::string name = std::string(dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" + std::to_string(d) +
                              (dv != d ? "x" + std::to_string(dv) : "") + "_page" + std::to_string(page) + "_" +
                              mask.name + "_h" + std::to_string(nheads) + "_kv" + std::to_string(nheads_kv) +
-                             (decoding ? "_decode" : "_prefill");
-    all.push_back({name, {dtype, d, dv, nheads, nheads_kv, mask.masking}, page, decoding ? decode : prefill});
+                             (decoding ? "_decode" : "_prefill") + call_suffix(pack, splits);
+    all.push_back({name, {dtype, d, dv, nheads, nheads_kv, mask.masking, pack, splits}, page, decoding ? decode : prefill});
   };
   // d = 128 at every page size, mask and GQA ratio (1, 4 and 8 query heads per KV head).
   for (int page : {1, 3, 16, 64, 256}) {
@@ -394,11 +426,23 @@ std::vector<PagedCase> paged_cases() {
       add(DType::kBFloat16, 128, 128, page, 4, 2, mask, false);
     }
   }
-  // Every head dim and fp16 at pages of 16, and of 2 and 1 (odd pages are not supported at d = 96).
+  // Packed query heads and splits by keys forced both ways (the cases above take the plan's
+  // choice), including more splits than a short sequence has key tiles.
+  for (int page : {1, 16}) {
+    for (const auto& mask : masks) {
+      for (auto [pack, splits] : {std::pair{flashhop::PackGqa::kOff, 1}, {flashhop::PackGqa::kOn, 1},
+                                  {flashhop::PackGqa::kOn, 7}, {flashhop::PackGqa::kOff, 4}}) {
+        add(DType::kBFloat16, 128, 128, page, 8, 2, mask, true, pack, splits);
+      }
+    }
+  }
+  // Every head dim and fp16 at pages of 16, and of 2 and 1 (odd pages are not supported at d = 96),
+  // decoding also packed and split.
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {192, 192}, {192, 128}, {256, 256}}) {
       for (int page : {2, 16}) {
         add(dtype, d, dv, page, 4, 1, masks[1], true);
+        add(dtype, d, dv, page, 4, 1, masks[1], true, flashhop::PackGqa::kOn, 3);
         add(dtype, d, dv, page, 2, 2, masks[0], false);
       }
     }
@@ -408,6 +452,104 @@ std::vector<PagedCase> paged_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Grid, PagedGpu, ::testing::ValuesIn(paged_cases()),
                          [](const ::testing::TestParamInfo<PagedCase>& info) { return info.param.name; });
+
+// flashhop::combine against the merge in doubles: random partials, some splits that saw no key
+// (LSE -inf), rows that no split saw (O = 0, LSE = -inf), out_partial a strided view (every other
+// row of a larger buffer), out in bfloat16 and float32 poisoned before the call.
+struct CombineCase {
+  DType out_dtype;
+  int num_splits, rows, nheads, head_dim_v;
+};
+
+using CombineGpu = GpuTestWithParam<CombineCase>;
+
+TEST_P(CombineGpu, MatchesTheMergeInDoubles) {
+  const CombineCase& c = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "random seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  const int splits = c.num_splits, rows = c.rows, heads = c.nheads, dv = c.head_dim_v;
+  const float kMinusInf = -std::numeric_limits<float>::infinity();
+  // out_partial (splits, rows, heads, dv) in every other row of a (splits, 2 rows, heads, dv) buffer.
+  std::vector<float> o_partial(std::size_t(splits) * 2 * rows * heads * dv), lse_partial(std::size_t(splits) * rows * heads);
+  for (float& x : o_partial) x = normal(rng);
+  for (int s = 0; s < splits; ++s) {
+    for (int r = 0; r < rows; ++r) {
+      for (int h = 0; h < heads; ++h) {
+        float& lse = lse_partial[(std::size_t(s) * rows + r) * heads + h];
+        // Row 0 is seen by no split; in the others, every third (split, head) saw no key.
+        lse = r == 0 || (s + h) % 3 == 1 ? kMinusInf : 5.f * normal(rng);
+      }
+    }
+  }
+  DeviceBuffer d_o_partial(o_partial.size() * sizeof(float)), d_lse_partial(lse_partial.size() * sizeof(float));
+  d_o_partial.upload(std::vector<unsigned char>(reinterpret_cast<unsigned char*>(o_partial.data()),
+                                                reinterpret_cast<unsigned char*>(o_partial.data() + o_partial.size())));
+  d_lse_partial.upload(std::vector<unsigned char>(
+      reinterpret_cast<unsigned char*>(lse_partial.data()),
+      reinterpret_cast<unsigned char*>(lse_partial.data() + lse_partial.size())));
+  const std::int64_t out_elements = std::int64_t{rows} * heads * dv;
+  DeviceBuffer d_out(out_elements * flashhop::dtype_size(c.out_dtype)), d_lse(std::size_t(heads) * rows * sizeof(float));
+  d_out.upload(poisoned_storage(c.out_dtype, out_elements));
+  d_lse.upload(poisoned_storage(DType::kFloat32, std::int64_t{heads} * rows));
+
+  flashhop::CombineArgs args;
+  args.out_partial = flashhop::make_contiguous(d_o_partial.data(), DType::kFloat32, {splits, rows, heads, dv});
+  args.out_partial.stride[1] *= 2;
+  args.out_partial.stride[0] *= 2;
+  args.lse_partial = flashhop::make_contiguous(d_lse_partial.data(), DType::kFloat32, {splits, rows, heads});
+  args.out = flashhop::make_contiguous(d_out.data(), c.out_dtype, {rows, heads, dv});
+  args.lse = flashhop::make_contiguous(d_lse.data(), DType::kFloat32, {heads, rows});
+  const Status status = flashhop::combine(args, nullptr);
+  ASSERT_TRUE(status.ok()) << status.message;
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const std::vector<float> out = download_as_floats(d_out, c.out_dtype);
+  const std::vector<float> lse = download_as_floats(d_lse, DType::kFloat32);
+
+  // out rounds to out_dtype: a few of its ulps; lse in float32.
+  const double o_tolerance = c.out_dtype == DType::kFloat32 ? 1e-5 : 1e-2;
+  std::int64_t mismatches = 0;
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      double max = -std::numeric_limits<double>::infinity();
+      for (int s = 0; s < splits; ++s) max = std::max<double>(max, lse_partial[(std::size_t(s) * rows + r) * heads + h]);
+      double sum = 0;
+      for (int s = 0; s < splits; ++s) {
+        const double part = lse_partial[(std::size_t(s) * rows + r) * heads + h];
+        if (std::isfinite(part)) sum += std::exp(part - max);
+      }
+      const double expected_lse = sum > 0 ? max + std::log(sum) : -std::numeric_limits<double>::infinity();
+      const float got_lse = lse[std::size_t(h) * rows + r];
+      if (std::isinf(expected_lse) ? got_lse != kMinusInf : std::abs(got_lse - expected_lse) > 1e-4 * (1 + std::abs(expected_lse))) {
+        ++mismatches;
+      }
+      for (int j = 0; j < dv; ++j) {
+        double expected = 0;
+        for (int s = 0; s < splits; ++s) {
+          const double part = lse_partial[(std::size_t(s) * rows + r) * heads + h];
+          if (!std::isfinite(part)) continue;
+          expected += std::exp(part - expected_lse) * o_partial[((std::size_t(s) * 2 * rows + 2 * r) * heads + h) * dv + j];
+        }
+        const float got = out[(std::size_t(r) * heads + h) * dv + j];
+        if (!(std::abs(got - expected) <= o_tolerance * (1 + std::abs(expected)))) ++mismatches;
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, CombineGpu,
+                         ::testing::Values(CombineCase{DType::kBFloat16, 7, 33, 4, 128},
+                                           CombineCase{DType::kFloat32, 40, 5, 3, 96},
+                                           CombineCase{DType::kFloat16, 1, 9, 2, 256},
+                                           CombineCase{DType::kFloat32, 3, 17, 5, 13}),
+                         [](const ::testing::TestParamInfo<CombineCase>& info) {
+                           const CombineCase& c = info.param;
+                           return std::string(flashhop::dtype_name(c.out_dtype)) + "_splits" +
+                                  std::to_string(c.num_splits) + "_rows" + std::to_string(c.rows) + "_h" +
+                                  std::to_string(c.nheads) + "_dv" + std::to_string(c.head_dim_v);
+                         });
 
 }  // namespace
 }  // namespace flashhop_test

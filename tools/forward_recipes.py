@@ -109,10 +109,10 @@ def derive(r):
         # query tile, where at most one such tile lies between two warpgroups' rows (D41, D74).
         "skip_unseen_key_tiles": (local and r.consumers > 1 and r.block_n >= 64 * (r.consumers - 1)
                                   and r.block_n < r.block_m),
-        # Also compiled for variable-length batches: each head dim's unpacked rows of the mask kind's
-        # default choice (plan.cpp takes them for every variable-length call), where O leaves
-        # through its own buffer or Q's (stored row by row).
-        "varlen": not r.pack_gqa and r.choice == DEFAULT_CHOICE[r.mask] and o_buffer != "take_turns",
+        # Also compiled for variable-length batches: each head dim's rows of the mask kind's default
+        # choice, packed and not (plan.cpp takes them for every variable-length call), where O
+        # leaves through its own buffer or Q's (stored row by row).
+        "varlen": r.choice == DEFAULT_CHOICE[r.mask] and o_buffer != "take_turns",
     }
 
 

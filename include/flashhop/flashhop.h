@@ -31,8 +31,10 @@
 // seqused_k[b] are used where those are given; the masks align each sequence's own corner. O and
 // LSE rows outside the used rows are left as they are. The rows of K and V past a sequence's used
 // keys, up to total_k, may be read (and weighed by zero), so they must hold finite values. Every
-// mask, soft-capping, GQA and head dim of the fixed-length forward; query heads are not packed
-// into tiles (pack_gqa is ignored); there is no variable-length backward yet.
+// mask, soft-capping, GQA (with packed rows: pack_gqa) and head dim of the fixed-length forward.
+// A batch of fewer query tiles than the device has SMs (decoding) is split by keys (num_splits):
+// each split writes a partial result into the workspace and a combine kernel merges them. There is
+// no variable-length backward yet.
 //
 // Paged KV cache, as FlashAttention-3's page_table: with page_table (ForwardArgs), the queries are
 // a variable-length batch as above (cu_seqlens_q) and K and V are a cache of pages
@@ -104,6 +106,9 @@ struct Status {
 // query tiles better; kOn always packs (with nheads == nheads_kv each group is one head).
 enum class PackGqa { kAuto = 0, kOff = 1, kOn = 2 };
 
+// The most splits by keys of a variable-length or paged call (ForwardArgs::num_splits).
+inline constexpr int kMaxSplits = 256;
+
 struct ForwardArgs {
   TensorDesc q, k, v, o;
   std::optional<TensorDesc> lse;             // written when present
@@ -129,6 +134,13 @@ struct ForwardArgs {
   // contiguous; with cu_seqlens_q and seqused_k, without cu_seqlens_k. max_seqlen_k bounds the
   // sequences' keys as with cu_seqlens_k.
   std::optional<TensorDesc> page_table;
+  // Splits by keys of each query tile of a variable-length or paged call, as FlashAttention-3's
+  // num_splits: 0 lets the library choose (it splits batches of fewer query tiles than the
+  // device's SMs, such as decoding, about as many ways as fill the SMs, each split at least 4 key
+  // tiles long); 1 splits nothing; n in [2, kMaxSplits] splits every query tile's keys n ways.
+  // The splits' partial results take workspace (forward_workspace_size). A fixed-length call takes
+  // 0 or 1: it splits its last round of tiles by keys itself.
+  int num_splits = 0;
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): none
@@ -137,8 +149,9 @@ struct ForwardArgs {
 // query sequences), when the tiles leave a last round (or a single one, as in decoding) that pays
 // to split over the device's SMs by keys, room for the split's partial results (for the current
 // device's SM count, up to about 20 MB); else 0. With cu_seqlens (and a page table or not): none
-// without sequences or query rows, else the tile list of the variable-length scheduler: 16 bytes
-// and 12 per sequence and 4 more.
+// without sequences or query rows, else the tile list of the variable-length scheduler (16 bytes
+// and 12 per sequence and 4 more), and where the call is split by keys, after it (256-byte
+// aligned) the splits' partial results: num_splits * total_q * nheads * (head_dim_v + 1) floats.
 Status forward_workspace_size(const ForwardArgs& args, std::size_t* bytes);
 
 // O = softmax(scale * Q K^T [masked]) V, and LSE per query row.
@@ -151,6 +164,24 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
 
 // Checks the arguments without touching the device (used by forward; exposed for tests and bindings).
 Status validate_forward(const ForwardArgs& args);
+
+// The merge of partial attention results over splits of the keys, as FlashAttention-3's
+// flash_attn_combine: split s holds, for each (row, head), its output normalised by its own softmax
+// sums and its LSE (natural log; -inf where the split saw no key). Then
+//   lse = log sum_s exp(lse_s),  out = sum_s exp(lse_s - lse) out_s,
+// summed in split order (bitwise reproducible); a row that no split saw gives out = 0, lse = -inf.
+// Rows are any (batch, seqlen) flattened, as the variable-length layout's.
+struct CombineArgs {
+  TensorDesc out_partial;         // (num_splits, rows, nheads, head_dim_v), float32
+  TensorDesc lse_partial;         // (num_splits, rows, nheads), float32
+  TensorDesc out;                 // (rows, nheads, head_dim_v): bfloat16, float16 or float32
+  std::optional<TensorDesc> lse;  // (nheads, rows), float32; written when present
+};
+// The last dimension of each contiguous; head_dim_v from 1 to 512; num_splits >= 1; out and lse
+// share no memory with any other tensor. On any error nothing is launched.
+Status combine(const CombineArgs& args, cudaStream_t stream);
+// Checks the arguments without touching the device.
+Status validate_combine(const CombineArgs& args);
 
 // The backward pass of a forward call: from its inputs (q, k, v and the options), its output o and
 // LSE, and the gradient dout of o, the gradients dq, dk and dv (shapes, dtypes and conventions of q,

@@ -60,6 +60,7 @@ typedef struct {
   int max_seqlen_k;                      /* with cu_seqlens: >= 1, a bound on the key lengths; else 0 */
   /* A paged KV cache: k and v (num_pages, page_size, nheads_kv, d); with cu_seqlens_q and seqused_k. */
   const flashhop_tensor_t* page_table; /* NULL, or int32 (batch, max_pages) */
+  int num_splits; /* splits by keys of a variable-length or paged call: 0 chosen, 1 none, n <= 256 */
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);
@@ -83,6 +84,16 @@ typedef struct {
 flashhop_status_t flashhop_backward_workspace_size(const flashhop_backward_args_t* args, size_t* bytes);
 flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream);
+
+/* flashhop::combine (flashhop.h): the merge of partial results over splits by keys. */
+typedef struct {
+  flashhop_tensor_t out_partial; /* float32 (num_splits, rows, nheads, head_dim_v) */
+  flashhop_tensor_t lse_partial; /* float32 (num_splits, rows, nheads) */
+  flashhop_tensor_t out;         /* (rows, nheads, head_dim_v): bfloat16, float16 or float32 */
+  const flashhop_tensor_t* lse;  /* NULL, or float32 (nheads, rows) */
+} flashhop_combine_args_t;
+
+flashhop_status_t flashhop_combine(const flashhop_combine_args_t* args, cudaStream_t stream);
 
 /* Message of the last failed call on this thread; "" when the last call succeeded. */
 const char* flashhop_last_error(void);

@@ -63,6 +63,18 @@ class _ForwardArgs(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int),
         ("max_seqlen_k", ctypes.c_int),
         ("page_table", ctypes.POINTER(_Tensor)),
+        ("num_splits", ctypes.c_int),
+    ]
+
+
+class _CombineArgs(ctypes.Structure):
+    """flashhop_combine_args_t."""
+
+    _fields_ = [
+        ("out_partial", _Tensor),
+        ("lse_partial", _Tensor),
+        ("out", _Tensor),
+        ("lse", ctypes.POINTER(_Tensor)),
     ]
 
 
@@ -107,6 +119,8 @@ def _load_library():
     library.flashhop_backward_workspace_size.restype = ctypes.c_int
     library.flashhop_backward.argtypes = [backward_args, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     library.flashhop_backward.restype = ctypes.c_int
+    library.flashhop_combine.argtypes = [ctypes.POINTER(_CombineArgs), ctypes.c_void_p]
+    library.flashhop_combine.restype = ctypes.c_int
     library.flashhop_last_error.argtypes = []
     library.flashhop_last_error.restype = ctypes.c_char_p
     return library
@@ -184,11 +198,12 @@ def _bound(value):
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, out, lse,
-                   softmax_scale, causal, window_left, window_right, softcap, pack_gqa, page_table=None):
+                   softmax_scale, causal, window_left, window_right, softcap, pack_gqa, page_table=None,
+                   num_splits=0):
     """Runs the variable-length forward into `out` (total_q, nheads, head_dim_v) and `lse` (nheads,
     total_q) on the current stream of q's device, which must be the current device; with
     `page_table`, k and v are a paged cache (num_pages, page_size, nheads_kv, d) and cu_seqlens_k is
-    None."""
+    None. num_splits: splits by keys (0: the library chooses)."""
     descs = {"lse": _describe("lse", lse), "cu_seqlens_q": _describe("cu_seqlens_q", cu_seqlens_q)}
     for name, tensor in (("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q), ("seqused_k", seqused_k),
                          ("page_table", page_table)):
@@ -197,9 +212,21 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, ma
     pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}
     args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
                         pack_gqa=_PACK_GQA[pack_gqa], max_seqlen_q=_bound(max_seqlen_q),
-                        max_seqlen_k=_bound(max_seqlen_k), **pointers,
+                        max_seqlen_k=_bound(max_seqlen_k), num_splits=_bound(num_splits), **pointers,
                         **_options(softmax_scale, causal, window_left, window_right, softcap))
     _run(_library.flashhop_forward_workspace_size, _library.flashhop_forward, args, q.device)
+
+
+def combine(out_partial, lse_partial, out, lse):
+    """Merges out_partial (num_splits, rows, nheads, head_dim_v) and lse_partial (num_splits, rows,
+    nheads), float32, into `out` (rows, nheads, head_dim_v) and `lse` (nheads, rows) on the current
+    stream of their device, which must be the current device."""
+    lse_desc = _describe("lse", lse)
+    args = _CombineArgs(out_partial=_describe("out_partial", out_partial),
+                        lse_partial=_describe("lse_partial", lse_partial), out=_describe("out", out),
+                        lse=ctypes.pointer(lse_desc))
+    stream = torch.cuda.current_stream(out.device).cuda_stream
+    _check(_library.flashhop_combine(ctypes.byref(args), stream))
 
 
 def backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left, window_right,

@@ -160,11 +160,12 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_save_fo
 def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
               cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-              softcap: float) -> Tuple[torch.Tensor, torch.Tensor]:
+              softcap: float, pack_gqa: Optional[bool] = None,
+              num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashhop::varlen_fwd's queries over a paged KV cache: k_cache and v_cache (num_pages,
     page_size, nheads_kv, head_dim[_v]); key j of sequence b is row j % page_size of page
-    page_table[b, j // page_size], and sequence b has seqused_k[b] keys. Returns out (total_q,
-    nheads, head_dim_v) and lse (nheads, total_q)."""
+    page_table[b, j // page_size], and sequence b has seqused_k[b] keys. num_splits: splits by keys
+    (0: the library chooses). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q)."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
                ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k))
     for name, tensor in tensors:
@@ -176,12 +177,44 @@ def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
     out, lse = _empty_varlen_outputs(q, v_cache[0])
     with torch.cuda.device(q.device):
         _c_api.varlen_forward(q, k_cache, v_cache, cu_seqlens_q, None, None, seqused_k, max_seqlen_q, max_seqlen_k,
-                              out, lse, softmax_scale, causal, window_left, window_right, softcap, None,
-                              page_table=page_table)
+                              out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa,
+                              page_table=page_table, num_splits=num_splits)
     return out, lse
 
 
 @paged_fwd.register_fake
 def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, causal, window_left, window_right, softcap):
+                    softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, num_splits=0):
     return _empty_varlen_outputs(q, v_cache[0])
+
+
+def _empty_combine_outputs(out_partial, out_dtype):
+    """out (rows, nheads, head_dim_v) in out_dtype and lse (nheads, rows) in float32."""
+    if out_partial.dim() != 4:
+        raise ValueError(f"flashhop: out_partial.rank = {out_partial.dim()}: expected 4 (num_splits, rows, nheads, "
+                         "head_dim_v)")
+    _, rows, nheads, head_dim_v = out_partial.shape
+    out = out_partial.new_empty((rows, nheads, head_dim_v), dtype=out_dtype)
+    lse = out_partial.new_empty((nheads, rows), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashhop::combine", mutates_args=())
+def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor,
+            out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The merge of partial results over splits by keys (flashhop.h's combine): out_partial
+    (num_splits, rows, nheads, head_dim_v) and lse_partial (num_splits, rows, nheads), float32, each
+    split's output normalised by its own sums; returns out (rows, nheads, head_dim_v) in out_dtype and
+    lse (nheads, rows)."""
+    for name, tensor in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    out, lse = _empty_combine_outputs(out_partial, out_dtype)
+    with torch.cuda.device(out_partial.device):
+        _c_api.combine(out_partial, lse_partial, out, lse)
+    return out, lse
+
+
+@combine.register_fake
+def _combine_fake(out_partial, lse_partial, out_dtype):
+    return _empty_combine_outputs(out_partial, out_dtype)

@@ -101,7 +101,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     the whole cache entry, seqlen_cache or max_pages * page_size).
     softmax_scale, causal, window_size, softcap: as flash_attn_func's, each sequence's mask aligned to
     its own bottom-right corner (its last query sees its last key).
-    num_splits and pack_gqa: accepted; the kernels choose.
+    num_splits: splits of each query tile's keys, as FA3's: 0 lets flashhop choose (it splits
+    batches too small to fill the GPU, such as decoding a few sequences), 1 splits nothing, n in
+    [2, 256] splits n ways; the splits' partial results merge in a second kernel.
+    pack_gqa: None (flashhop chooses), True or False: whether the query heads that share a KV head
+    share its query tiles (and read its keys once).
     Appending k / v into the cache with the rotary embedding (k, v, rotary_cos, rotary_sin,
     cu_seqlens_k_new, rotary_seqlens) and cache_leftpad are not implemented yet and raise
     NotImplementedError.
@@ -169,7 +173,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          "of batch key counts")
     out, softmax_lse = torch.ops.flashhop.paged_fwd(queries, k_cache, v_cache, table, cu_seqlens, keys,
                                                     max(bound_q, 1), max(capacity, 1), softmax_scale, causal,
-                                                    window_left, window_right, softcap)
+                                                    window_left, window_right, softcap, pack_gqa, num_splits)
     if cu_seqlens_q is None:
         out = out.view(batch, q.shape[1], q.shape[2], out.shape[2])
         softmax_lse = softmax_lse.view(q.shape[2], batch, q.shape[1]).permute(1, 0, 2)
@@ -264,3 +268,34 @@ def _routable(query, key, value, attn_mask, dropout_p, kwargs):
     if nheads != nheads_kv and not (kwargs.get("enable_gqa", False) and nheads % nheads_kv == 0):
         return False
     return unsupported_reason(query, key, value) is None
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """Merges attention computed over splits of the keys, as FlashAttention-3's function of this
+    name: out_partial (num_splits, batch, seqlen, nheads, head_dim_v) and lse_partial (num_splits,
+    batch, seqlen, nheads), float32, each split's output normalised by its own softmax sums and its
+    LSE (-inf where it saw no key); or the variable-length layout without the batch dimension.
+    Returns (out, lse): out (batch, seqlen, nheads, head_dim_v) in out_dtype (default: out_partial's
+    float32), written into `out` where given, and lse (batch, seqlen, nheads) (or (total, nheads))."""
+    for name, tensor in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"flashhop: {name} = {tensor!r}: expected a tensor")
+    if out_partial.dim() not in (4, 5) or lse_partial.dim() != out_partial.dim() - 1:
+        raise ValueError(f"flashhop: out_partial.rank = {out_partial.dim()}, lse_partial.rank = {lse_partial.dim()}: "
+                         "expected 5 and 4 (num_splits, batch, seqlen, nheads[, head_dim_v]) or 4 and 3 "
+                         "(num_splits, total, nheads[, head_dim_v])")
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else out_partial.dtype
+    lead = out_partial.shape[1:-2]  # (batch, seqlen) or (total,)
+    rows = 1
+    for size in lead:
+        rows *= size
+    splits, nheads, head_dim_v = out_partial.shape[0], out_partial.shape[-2], out_partial.shape[-1]
+    merged, lse = torch.ops.flashhop.combine(out_partial.reshape(splits, rows, nheads, head_dim_v),
+                                             lse_partial.reshape(splits, rows, nheads), out_dtype)
+    merged = merged.view(*lead, nheads, head_dim_v)
+    lse = lse.t().reshape(*lead, nheads)
+    if out is not None:
+        out.copy_(merged)
+        merged = out
+    return merged, lse

@@ -101,6 +101,59 @@ def test_paged_cache_matches_per_sequence_calls(page_size, options, seqlen_q):
 
 
 @requires_hopper
+@pytest.mark.parametrize("num_splits, pack_gqa", [(1, False), (1, True), (5, True), (3, False), (0, None)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_splits_and_packed_heads_give_the_same_attention(num_splits, pack_gqa, causal):
+    keys = [1000, 17, 3000, 0]
+    ks, vs, k_cache, v_cache, table = _paged(keys, 16)
+    q = torch.randn(len(keys), 2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    cache_seqlens = torch.tensor(keys, dtype=torch.int32, device="cuda")
+    out, lse = skip_unless_built(flashhop.flash_attn_with_kvcache, q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                 page_table=table, causal=causal, num_splits=num_splits, pack_gqa=pack_gqa,
+                                 return_softmax_lse=True)
+    expected_out, expected_lse = _reference(q[:3], ks[:3], vs[:3], causal=causal)
+    torch.testing.assert_close(out[:3], expected_out, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse[:3], expected_lse, atol=1e-3, rtol=1e-3)
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == float("-inf"))  # no keys
+
+
+@requires_hopper
+def test_num_splits_past_the_limit_is_named():
+    q, k_cache, v_cache = (t.cuda() for t in _cpu_decode())
+    with pytest.raises(ValueError, match="num_splits = 300: expected 0 .* to 256"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=300)
+
+
+@requires_hopper
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_combine_merges_splits_as_fa3(out_dtype):
+    splits, batch, seqlen, nheads, dv = 6, 2, 5, 4, 128
+    out_partial = torch.randn(splits, batch, seqlen, nheads, dv, device="cuda")
+    lse_partial = 3 * torch.randn(splits, batch, seqlen, nheads, device="cuda")
+    lse_partial[1::2, 0] = float("-inf")  # splits that saw no key
+    lse_partial[:, 1, 0] = float("-inf")  # a row that no split saw
+    out, lse = flashhop.flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype)
+    expected_lse = torch.logsumexp(lse_partial.double(), dim=0)
+    weights = torch.exp(lse_partial.double() - expected_lse).nan_to_num(0.0)
+    expected = (weights[..., None] * out_partial.double()).sum(0)
+    assert out.shape == (batch, seqlen, nheads, dv) and out.dtype == out_dtype
+    assert lse.shape == (batch, seqlen, nheads)
+    tolerance = 1e-5 if out_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.double(), expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(lse.double(), expected_lse, atol=1e-5, rtol=1e-5)
+    # The variable-length layout, and an output given.
+    given = torch.empty(batch * seqlen, nheads, dv, device="cuda", dtype=out_dtype)
+    out2, _ = flashhop.flash_attn_combine(out_partial.flatten(1, 2), lse_partial.flatten(1, 2), out=given)
+    assert out2 is given
+    torch.testing.assert_close(out2, out.flatten(0, 1), atol=0, rtol=0)
+
+
+def test_combine_checks_ranks():
+    with pytest.raises(ValueError, match="out_partial.rank = 3"):
+        flashhop.flash_attn_combine(torch.zeros(2, 3, 4), torch.zeros(2, 3))
+
+
+@requires_hopper
 def test_contiguous_cache_with_batch_index():
     cache_k = torch.randn(5, 512, 2, 128, dtype=torch.bfloat16, device="cuda")
     cache_v = torch.randn(5, 512, 2, 128, dtype=torch.bfloat16, device="cuda")

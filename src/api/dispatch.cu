@@ -102,4 +102,19 @@ Status launch_backward(const BackwardPlan& plan, cudaStream_t stream) {
   return launch_planned(kBackwardKernels, "backward", plan, stream);
 }
 
+Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return sm90::launch_combine<cutlass::bfloat16_t>(params, stream);
+    case DType::kFloat16:
+      return sm90::launch_combine<cutlass::half_t>(params, stream);
+    case DType::kFloat32:
+      return sm90::launch_combine<float>(params, stream);
+    case DType::kInt32:
+      break;
+  }
+  return {StatusCode::kInvalidArgument, std::string("out.dtype = ") + dtype_name(dtype) +
+                                            ": expected bfloat16, float16 or float32"};
+}
+
 }  // namespace flashhop::detail

@@ -26,6 +26,9 @@ bool varlen_forward_kernel_compiled(DType dtype, int recipe);
 // The backward's kernels of plan.dtype and plan.recipe on `stream` (workspace bound); kNotSupported
 // when this build did not compile them.
 Status launch_backward(const BackwardPlan& plan, cudaStream_t stream);
+
+// The combine kernel (flashhop::combine) with O of `dtype`.
+Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream_t stream);
 bool backward_kernel_compiled(DType dtype, int recipe);
 
 }  // namespace flashhop::detail

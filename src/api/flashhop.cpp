@@ -287,4 +287,48 @@ Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace
   return Status::success();
 }
 
+Status combine(const CombineArgs& args, cudaStream_t stream) {
+  if (Status status = validate_combine(args); !status.ok()) return status;
+  const int device = args.out_partial.device;
+  if (Status status = check_current_device(device); !status.ok()) return status;
+  const TensorDesc& op = args.out_partial;
+  const TensorDesc& lp = args.lse_partial;
+  const bool rows = op.shape[1] > 0 && op.shape[2] > 0;
+  if (Status status = check_device_memory(device, {{"out_partial.data", op.data, rows},
+                                                   {"lse_partial.data", lp.data, rows},
+                                                   {"out.data", args.out.data, rows},
+                                                   {"lse.data", args.lse ? args.lse->data : nullptr,
+                                                    args.lse.has_value() && rows}});
+      !status.ok()) {
+    return status;
+  }
+  if (!rows) return Status::success();
+  if (Status status = check_compute_capability(device); !status.ok()) return status;
+  // One batch entry of `rows` rows; the stride of a dimension of size 1 is never followed.
+  sm90::CombineParams p;
+  p.o_partial = static_cast<const float*>(op.data);
+  p.lse_partial = static_cast<const float*>(lp.data);
+  p.o = args.out.data;
+  p.lse = args.lse ? static_cast<float*>(args.lse->data) : nullptr;
+  p.num_splits = static_cast<int>(op.shape[0]);
+  p.batch = 1;
+  p.seqlen = static_cast<int>(op.shape[1]);
+  p.nheads = static_cast<int>(op.shape[2]);
+  p.head_dim_v = static_cast<int>(op.shape[3]);
+  p.o_partial_split_stride = op.stride[0];
+  p.o_partial_row_stride = op.stride[1];
+  p.o_partial_head_stride = op.stride[2];
+  p.lse_partial_split_stride = lp.stride[0];
+  p.lse_partial_row_stride = lp.stride[1];
+  p.lse_partial_head_stride = lp.stride[2];
+  p.o_row_stride = args.out.stride[0];
+  p.o_head_stride = args.out.stride[1];
+  if (args.lse) {
+    p.lse_head_stride = args.lse->stride[0];
+    p.lse_row_stride = args.lse->stride[1];
+  }
+  const detail::ScopedRange range("combine", p);
+  return detail::launch_combine(p, args.out.dtype, stream);
+}
+
 }  // namespace flashhop

@@ -114,6 +114,7 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
   }
   out->max_seqlen_q = args->max_seqlen_q;
   out->max_seqlen_k = args->max_seqlen_k;
+  out->num_splits = args->num_splits;
   return flashhop::Status::success();
 }
 
@@ -165,6 +166,15 @@ flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* 
     flashhop::BackwardArgs cpp_args;
     if (flashhop::Status status = to_cpp(args, &cpp_args); !status.ok()) return status;
     return flashhop::backward(cpp_args, workspace, workspace_bytes, stream);
+  });
+}
+
+flashhop_status_t flashhop_combine(const flashhop_combine_args_t* args, cudaStream_t stream) {
+  return guarded([&] {
+    if (args == nullptr) return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected combine arguments"};
+    flashhop::CombineArgs cpp_args{to_cpp(args->out_partial), to_cpp(args->lse_partial), to_cpp(args->out), {}};
+    if (args->lse != nullptr) cpp_args.lse = to_cpp(*args->lse);
+    return flashhop::combine(cpp_args, stream);
   });
 }
 

@@ -2,6 +2,7 @@
 // range per call of forward, backward and their workspace queries (the C API calls them), in the domain
 // "flashhop", named by the planned configuration, e.g.
 //   forward bf16 hdim128_local_wide b2 sq4096 sk4096 h32/8 causal
+// (and one per call of combine, named by its shape)
 // NVTX3 is header-only: a profiler sets NVTX_INJECTION64_PATH, and the first NVTX call of the
 // process loads that library. Without one, creating the domain answers null and a range costs a
 // branch: its name is built only where a tool is attached.
@@ -47,7 +48,15 @@ std::string range_name(const char* entry, DType dtype, const char* recipe, bool 
 }
 
 inline std::string range_name(const char* entry, const ForwardPlan& plan) {
-  return range_name(entry, plan.dtype, plan.recipe_of().name, plan.recipe_of().local(), plan.params);
+  const int splits = plan.params.num_splits;
+  return range_name(entry, plan.dtype, plan.recipe_of().name, plan.recipe_of().local(), plan.params) +
+         (splits > 1 ? " splits" + std::to_string(splits) : "");
+}
+
+// "combine splits4 rows8 h32 dv128"
+inline std::string range_name(const char* entry, const sm90::CombineParams& p) {
+  return std::string(entry) + " splits" + std::to_string(p.num_splits) + " rows" + std::to_string(p.seqlen) + " h" +
+         std::to_string(p.nheads) + " dv" + std::to_string(p.head_dim_v);
 }
 
 inline std::string range_name(const char* entry, const BackwardPlan& plan) {

@@ -143,9 +143,22 @@ TensorDesc as_one_batch(const TensorDesc& t) {
 
 const int* int_data(const std::optional<TensorDesc>& t) { return t ? static_cast<const int*>(t->data) : nullptr; }
 
+// Splits by keys of a variable-length call (ForwardArgs::num_splits = 0) with at most `tiles` query
+// tiles of `key_tiles` key tiles each on `ctas` CTAs: none when the tiles fill 4/5 of the CTAs or
+// more (or the device is unknown); else as many as the CTAs hold, each split at least
+// kMinSplitKeyTiles long (a split pays a Q load, a first GEMM that nothing overlaps, and its share
+// of the combine).
+int auto_num_splits(std::int64_t tiles, int key_tiles, int ctas) {
+  constexpr int kMinSplitKeyTiles = 4;
+  if (ctas == 0 || tiles == 0 || 5 * tiles >= 4 * std::int64_t{ctas}) return 1;
+  const std::int64_t fill = ctas / tiles, longest = key_tiles / kMinSplitKeyTiles;
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>({fill, longest, kMaxSplits})));
+}
+
 // The plan of a variable-length call: as a fixed-length call of `batch` sequences of the bounds'
-// lengths for the mask kind, whose recipe of unpacked rows with the default tile choice has the
-// variable-length kernel (ForwardRecipe::varlen); and the sequences' tile bound and tile list.
+// lengths for the mask kind, whose recipes of the default tile choice have variable-length kernels
+// (ForwardRecipe::varlen), packed rows or not as for those lengths; the sequences' tile bound, the
+// splits by keys and the workspace (tile list, and the splits' partial results).
 ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& device) {
   // A paged cache's pages (num_pages, page_size, nheads_kv, d) stand in the fixed-length plan as
   // (1, page_size, nheads_kv, d); their shape and strides are set below.
@@ -184,15 +197,22 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   as_fixed.max_seqlen_q = as_fixed.max_seqlen_k = 0;
   as_fixed.pack_gqa = PackGqa::kOff;
   ForwardPlan plan = plan_forward(as_fixed, device);
+  // The variable-length recipes of the mask kind, unpacked and packed; packing as for the bounds.
   const bool local = plan.recipe_of().local();
-  for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
-    const sm90::ForwardRecipe& r = kForwardRecipes[i];
-    if (r.varlen && r.head_dim == plan.recipe_of().head_dim && r.head_dim_v == plan.recipe_of().head_dim_v &&
-        r.local() == local) {
-      plan.recipe = i;
-      break;
+  const auto varlen_recipe = [&](bool pack_gqa) {
+    for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
+      const sm90::ForwardRecipe& r = kForwardRecipes[i];
+      if (r.varlen && r.head_dim == plan.recipe_of().head_dim && r.head_dim_v == plan.recipe_of().head_dim_v &&
+          r.local() == local && r.pack_gqa == pack_gqa) {
+        return i;
+      }
     }
-  }
+    return -1;
+  };
+  const int unpacked = varlen_recipe(false), packed = varlen_recipe(true);
+  const bool pack_gqa = use_pack_gqa(args.pack_gqa, varlen.max_seqlen_q, plan.params.nheads / plan.params.nheads_kv,
+                                     kForwardRecipes[unpacked].block_m, kForwardRecipes[packed].block_m);
+  plan.recipe = pack_gqa ? packed : unpacked;
   // The strides of the packed tensors as they are (the bounds' lengths above may make a row
   // dimension look like size 1, whose stride the fixed-length plan replaces); batch strides 0:
   // sequence b starts at row cu_seqlens[b], not at a multiple of a batch stride.
@@ -229,7 +249,18 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   const std::int64_t rows = sm90::tile_rows_per_head(p.seqlen_q, p.nheads, p.nheads_kv, recipe.pack_gqa);
   varlen.num_tiles_bound = (rows + recipe.block_m - 1) / recipe.block_m *
                            sm90::tile_heads_of(p.nheads, p.nheads_kv, recipe.pack_gqa) * varlen.batch;
-  varlen.workspace_bytes = varlen.num_tiles_bound == 0 ? 0 : sm90::VarlenTileList::bytes(varlen.batch);
+  const int key_tiles = static_cast<int>((varlen.max_seqlen_k + recipe.block_n - 1) / recipe.block_n);
+  p.num_splits = args.num_splits > 0 ? args.num_splits
+                                     : auto_num_splits(varlen.num_tiles_bound, key_tiles,
+                                                       device.num_sms * sm90::ctas_per_sm(recipe.consumer_warpgroups()));
+  if (varlen.num_tiles_bound == 0) {
+    varlen.workspace_bytes = 0;
+  } else if (p.num_splits > 1) {
+    varlen.workspace_bytes = sm90::VarlenSplitPartials::bytes(varlen.batch, p.num_splits, varlen.total_q, p.nheads,
+                                                              recipe.head_dim_v);
+  } else {
+    varlen.workspace_bytes = sm90::VarlenTileList::bytes(varlen.batch);
+  }
   plan.workspace_bytes = varlen.workspace_bytes;
   plan.varlen = varlen;
   return plan;

@@ -36,10 +36,11 @@ struct VarlenPlan {
   const int* cu_seqlens_k = nullptr;
   const int* seqused_q = nullptr;          // device (batch); null where not given
   const int* seqused_k = nullptr;
-  // Query tiles of the planned recipe, bounded: batch * ceil(max_seqlen_q / block_m) * nheads;
-  // the grid's bound.
+  // Query tiles of the planned recipe, bounded: batch * ceil(tile rows of max_seqlen_q / block_m) *
+  // tile heads (query_rows.h), before splits by keys (params.num_splits).
   std::int64_t num_tiles_bound = 0;
-  // The tile list (sm90::VarlenTileList); 0 without query rows.
+  // The tile list (sm90::VarlenTileList), and with splits their partial results
+  // (sm90::VarlenSplitPartials); 0 without query rows.
   std::size_t workspace_bytes = 0;
 };
 

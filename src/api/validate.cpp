@@ -478,11 +478,14 @@ Status validate_varlen_forward(const ForwardArgs& args) {
                    ": expected <= ", kMaxSeqlenSum);
   }
   const std::int64_t batch = cu_seqlens_q.dim(0) - 1;
-  const std::int64_t tiles_per_sequence = (max_q + sm90::kSmallestBlockM - 1) / sm90::kSmallestBlockM * q.dim(1);
+  // Each query tile runs as num_splits tiles (the plan splits only batches of fewer tiles than SMs).
+  const int splits = std::max(args.num_splits, 1);
+  const std::int64_t tiles_per_sequence =
+      (max_q + sm90::kSmallestBlockM - 1) / sm90::kSmallestBlockM * q.dim(1) * splits;
   if (batch > 0 && tiles_per_sequence > sm90::kMaxQueryTiles / batch) {
     return invalid("cu_seqlens_q.shape[0] - 1 (batch) = ", batch, ", max_seqlen_q = ", max_q, ", nheads ", q.dim(1),
-                   ": batch * ceil(max_seqlen_q / ", sm90::kSmallestBlockM, ") * nheads query tiles, expected <= ",
-                   sm90::kMaxQueryTiles);
+                   ", num_splits = ", splits, ": batch * ceil(max_seqlen_q / ", sm90::kSmallestBlockM,
+                   ") * nheads * num_splits query tiles, expected <= ", sm90::kMaxQueryTiles);
   }
 
   // Memory: strides, pointers, devices. cu_seqlens and seqused are contiguous int32 vectors.
@@ -522,7 +525,15 @@ Status validate_varlen_forward(const ForwardArgs& args) {
 
 Status validate_forward(const ForwardArgs& args) {
   if (Status status = check_varlen_fields(args); !status.ok()) return status;
+  if (args.num_splits < 0 || args.num_splits > kMaxSplits) {
+    return invalid("num_splits = ", args.num_splits, ": expected 0 (the library chooses) to ", kMaxSplits);
+  }
   if (args.cu_seqlens_q) return validate_varlen_forward(args);
+  if (args.num_splits > 1) {
+    return fail(StatusCode::kNotSupported, "num_splits = ", args.num_splits,
+                " without cu_seqlens_q: expected 0 or 1 (a fixed-length call splits its last round of tiles by keys "
+                "itself; num_splits applies to variable-length and paged calls)");
+  }
 
   const Operand q{"q", args.q, kQDims, 4};
   const Operand k{"k", args.k, kKDims, 4};
@@ -665,6 +676,68 @@ Status validate_backward(const BackwardArgs& args) {
   }
   if (!checks.status().ok()) return checks.status();
   return check_backward_head_dims(q, v);
+}
+
+namespace {
+
+constexpr const char* kOutPartialDims[] = {"num_splits", "rows", "nheads", "head_dim_v"};
+constexpr const char* kLsePartialDims[] = {"num_splits", "rows", "nheads"};
+constexpr const char* kCombineOutDims[] = {"rows", "nheads", "head_dim_v"};
+constexpr const char* kCombineLseDims[] = {"nheads", "rows"};
+
+// Strides in elements that the combine kernel follows in 64 bits: any positive stride, the last
+// dimension contiguous (element alignment only).
+Status check_combine_strides(const Operand& t) {
+  return check_strides(t, static_cast<std::int64_t>(dtype_size(t.desc.dtype)), std::nullopt);
+}
+
+}  // namespace
+
+Status validate_combine(const CombineArgs& args) {
+  const Operand out_partial{"out_partial", args.out_partial, kOutPartialDims, 4};
+  const Operand lse_partial{"lse_partial", args.lse_partial, kLsePartialDims, 3};
+  const Operand out{"out", args.out, kCombineOutDims, 3};
+  std::optional<Operand> lse;
+  if (args.lse) lse.emplace(Operand{"lse", *args.lse, kCombineLseDims, 2});
+
+  FirstError checks;
+  checks << check_rank(out_partial) << check_rank(lse_partial) << check_rank(out);
+  if (lse) checks << check_rank(*lse);
+  if (!checks.status().ok()) return checks.status();
+  checks << check_dtype(out_partial, DType::kFloat32, "partial results are float32")
+         << check_dtype(lse_partial, DType::kFloat32, "partial results are float32");
+  if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
+  if (out.desc.dtype == DType::kInt32) {
+    checks << invalid("out.dtype = int32: expected bfloat16, float16 or float32");
+  }
+  if (!checks.status().ok()) return checks.status();
+
+  checks << check_nonnegative_dims(out_partial) << check_dim_at_least_one(out_partial, 0)
+         << check_dim_fits_int32(out_partial, 0) << check_dim_fits_int32(out_partial, 1)
+         << check_dim_fits_int32(out_partial, 2);
+  if (out_partial.dim(3) < 1 || out_partial.dim(3) > sm90::kMaxCombineHeadDim) {
+    checks << invalid(dim_label(out_partial, 3), " = ", out_partial.dim(3), ": expected 1 to ",
+                      sm90::kMaxCombineHeadDim);
+  }
+  for (int d = 0; d < 3; ++d) checks << check_dim_matches(lse_partial, d, out_partial, d);
+  for (int d = 0; d < 3; ++d) checks << check_dim_matches(out, d, out_partial, d + 1);
+  if (lse) checks << check_dim_matches(*lse, 0, out_partial, 2) << check_dim_matches(*lse, 1, out_partial, 1);
+  if (!checks.status().ok()) return checks.status();
+
+  std::vector<const Operand*> all = {&out_partial, &lse_partial, &out};
+  if (lse) all.push_back(&*lse);
+  for (const Operand* t : all) {
+    checks << check_combine_strides(*t) << check_data(*t, static_cast<std::int64_t>(dtype_size(t->desc.dtype)));
+    if (t->desc.device != out_partial.desc.device) {
+      checks << invalid(t->name, ".device = ", t->desc.device, ": expected ", out_partial.desc.device,
+                        " (out_partial.device)");
+    }
+  }
+  for (const Operand* other : {&out_partial, &lse_partial}) checks << check_no_overlap(out, *other);
+  if (lse) {
+    for (const Operand* other : {&out_partial, &lse_partial, &out}) checks << check_no_overlap(*lse, *other);
+  }
+  return checks.status();
 }
 
 }  // namespace flashhop

@@ -33,7 +33,8 @@ constexpr auto o_tile_layout() {
   }
 }
 
-// A variable-length batch's sequence: its first row in the packed O (and LSE) and its queries.
+// A variable-length batch's sequence: its first row in the packed O (and LSE) and its tile rows
+// (its queries, times the heads per KV head with packed rows).
 struct OutputRows {
   int begin = 0, rows = 0;
 };
@@ -83,6 +84,14 @@ struct ForwardEpilogue {
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpGroup{},
                                             cute::Shape<WarpGroupM, HeadDimV>{}, cute::_1{}));
 
+  struct NoPartials {};
+  // A variable-length batch split by keys: the splits' partial results (VarlenSplitPartials).
+  struct SplitPartials {
+    float* o;    // (num_splits, total_q, nheads, dv)
+    float* lse;  // (num_splits, total_q, nheads)
+    int total_q;
+  };
+
   struct Params {
     TmaO tma_o;  // unpacked O
     float* lse;  // (batch, nheads, seqlen_q) or null
@@ -92,6 +101,8 @@ struct ForwardEpilogue {
     // Packed O, scattered row by row: (batch, seqlen_q, nheads, dv) with these strides.
     Element* o;
     int64_t o_batch_stride, o_row_stride, o_head_stride;
+    // Last, so that the fixed-length kernels' other parameters keep their places.
+    cute::conditional_t<kVarlen, SplitPartials, NoPartials> partials;
   };
 
   static Params to_params(ForwardParams const& p) {
@@ -113,7 +124,53 @@ struct ForwardEpilogue {
             static_cast<Element*>(p.o),
             p.o_batch_stride,
             p.o_row_stride,
-            p.o_head_stride};
+            p.o_head_stride,
+            partials_of(p)};
+  }
+
+  static auto partials_of(ForwardParams const& p) {
+    if constexpr (kVarlen) {
+      if (p.num_splits <= 1 || p.workspace == nullptr) return SplitPartials{nullptr, nullptr, p.total_q};
+      auto* const bytes = static_cast<unsigned char*>(p.workspace);
+      using Layout = VarlenSplitPartials;
+      return SplitPartials{
+          reinterpret_cast<float*>(bytes + Layout::o_offset(p.batch)),
+          reinterpret_cast<float*>(bytes + Layout::lse_offset(p.batch, p.num_splits, p.total_q, p.nheads, HeadDimV::value)),
+          p.total_q};
+    } else {
+      return NoPartials{};
+    }
+  }
+
+  // A split by keys of a variable-length batch's tile (kVarlen): this thread's rows of its
+  // normalised O and their LSE go to split `split`'s partial results, in floats, straight from the
+  // accumulator (two adjacent columns per float2), for the combine kernel. Rows past `sequence`'s
+  // tile rows are left out.
+  template <class OAccum, class RowValues>
+  static CUTLASS_DEVICE void store_partial(Params const& params, OAccum const& o_accum, RowValues const& lse,
+                                           int thread_idx, int m_block, int head, int split, OutputRows sequence) {
+    using namespace cute;
+    static_assert(kVarlen);
+    TiledMmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+    Tensor coords = rowcol_view(thr_pv.partition_C(make_identity_tensor(Shape<BlockM, HeadDimV>{})));
+    Tensor o = rowcol_view(o_accum);
+    static_assert(decltype(size<1>(o))::value % 2 == 0, "the accumulator holds column pairs");
+    int64_t const split_rows = int64_t{split} * params.partials.total_q + sequence.begin;
+    CUTLASS_PRAGMA_UNROLL
+    for (int m = 0; m < size<0>(o); ++m) {
+      int const tile_row = m_block * BlockM::value + get<0>(coords(m, 0));
+      if (tile_row >= sequence.rows) continue;
+      typename Rows::Row const at = params.rows.locate(tile_row, head);
+      int64_t const row = (split_rows + at.query) * params.nheads + at.head;
+      if (thread_idx % 4 == 0) params.partials.lse[row] = lse[m];  // lane 0 of each quad holds the rows' LSE
+      float* const o_row = params.partials.o + row * HeadDimV::value;
+      CUTLASS_PRAGMA_UNROLL
+      for (int n = 0; n < size<1>(o); n += 2) {
+        // In the wgmma accumulator, a thread's values n and n + 1 of a row are adjacent columns.
+        *reinterpret_cast<float2*>(o_row + get<1>(coords(m, n))) = make_float2(o(m, n), o(m, n + 1));
+      }
+    }
   }
 
   // o_accum: this thread's normalised O fragment; lse: its rows' LSE (rowcol order); `head`: the

@@ -99,10 +99,10 @@ struct ForwardKernel {
     mask.seqlen_k = tile.span.seqlen_k;
     return mask;
   }
-  // The tile's sequence rows in O and LSE, for the epilogue.
-  static CUTLASS_DEVICE OutputRows row_span(Tile const& tile) {
+  // The tile's sequence in O and LSE, its first query and its tile rows, for the epilogue.
+  static CUTLASS_DEVICE OutputRows row_span(Params const& params, Tile const& tile) {
     if constexpr (kVarlen) {
-      return {tile.span.q_begin, tile.span.seqlen_q};
+      return {tile.span.q_begin, params.mainloop.rows.rows_of(tile.span.seqlen_q)};
     } else {
       return {};
     }
@@ -119,8 +119,9 @@ struct ForwardKernel {
   static typename Scheduler::Params make_scheduler_params(ForwardParams const& p, int ctas) {
     int const heads = Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv);
     if constexpr (kVarlen) {
-      std::int64_t const bound = std::int64_t{num_m_blocks(p)} * heads * p.batch;
-      return Scheduler::to_params(static_cast<int*>(p.workspace), p.batch, heads, bound, ctas, sequences_of(p));
+      std::int64_t const bound = std::int64_t{num_m_blocks(p)} * heads * p.batch * p.num_splits;
+      return Scheduler::to_params(static_cast<int*>(p.workspace), p.batch, heads, p.num_splits, bound, ctas,
+                                  sequences_of(p));
     } else if constexpr (Mask::kIsLocal) {
       // The K and V of one KV head, which the scheduler's tail group keeps in L2.
       std::int64_t const kv_bytes =
@@ -188,9 +189,19 @@ struct ForwardKernel {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
     using Roles = typename Mainloop::Roles;
     int const warp_group = cutlass::canonical_warp_group_idx();  // 0: producer, 1 ..: consumers
-    // The key tiles of tile `index`: those its mask leaves, or a part's share of them.
+    // The key tiles of tile `index`: those its mask leaves, or a part's or a split's share of them.
     auto const key_blocks = [&](int index, Tile const& tile) {
       KeyBlocks blocks = Mainloop::key_blocks(params.mainloop, tile_mask(params, tile), tile.m_block);
+      if constexpr (kVarlen) {
+        // Split s of n takes the key tiles from s / n to (s + 1) / n of the way; some may get none.
+        int const splits = params.scheduler.num_splits;
+        if (splits > 1) {
+          std::int64_t const count = cute::max(blocks.end - blocks.begin, 0);
+          int const begin = blocks.begin;
+          blocks.begin = begin + static_cast<int>(count * tile.split / splits);
+          blocks.end = begin + static_cast<int>(count * (tile.split + 1) / splits);
+        }
+      }
       if constexpr (kSplitRound) {
         if (Scheduler::is_part(params.scheduler, index)) {
           SplitRound::Part const part = Scheduler::part(params.scheduler, index);
@@ -277,8 +288,7 @@ struct ForwardKernel {
           for_each_loading_tile(/*taker=*/false, [&](Tile const& tile, KeyBlocks const&,
                                                      auto const& wait_q_free, auto const&) {
             wait_q_free();
-            Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile.m_block, tile.head,
-                                    tile.batch, lane);
+            Mainloop::load_q_packed(params.mainloop, shared.tensors, shared.q_full, tile, lane);
           });
         }
       }
@@ -355,6 +365,15 @@ struct ForwardKernel {
             return;
           }
         }
+        if constexpr (kVarlen) {
+          // A split by keys leaves its partial result for the combine kernel, not O.
+          if (params.scheduler.num_splits > 1) {
+            Epilogue::store_partial(params.epilogue, o_accum, lse, thread_idx, tile.m_block, tile.head, tile.split,
+                                    row_span(params, tile));
+            release_q_without_store();
+            return;
+          }
+        }
         Element* const smem_o = [&] {
           if constexpr (Epilogue::kOwnBuffer) {
             return shared.epilogue.o.data();
@@ -363,7 +382,7 @@ struct ForwardKernel {
           }
         }();
         Epilogue::store(params.epilogue, smem_o, o_accum, lse, thread_idx, tile.m_block, tile.head, tile.batch,
-                        shared.q_free, release_q, row_span(tile));
+                        shared.q_free, release_q, row_span(params, tile));
       });
       Mainloop::MmaTurns::finish(consumer);
       Epilogue::finish(thread_idx);

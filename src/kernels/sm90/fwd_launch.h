@@ -18,4 +18,8 @@ Status launch_forward(ForwardParams const& p, cudaStream_t stream);
 template <class Element, int kRecipe>
 Status launch_varlen_forward(ForwardParams const& p, cudaStream_t stream);
 
+// The combine kernel (combine.cu) with O of type Element: cutlass::bfloat16_t, cutlass::half_t or float.
+template <class Element>
+Status launch_combine(CombineParams const& p, cudaStream_t stream);
+
 }  // namespace flashhop::sm90

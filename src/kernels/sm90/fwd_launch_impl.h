@@ -10,6 +10,38 @@
 
 namespace flashhop::sm90 {
 
+// The combine of a variable-length batch split by keys: its partials (VarlenSplitPartials) into O
+// and LSE, sequence by sequence.
+inline CombineParams combine_params(ForwardParams const& p, int head_dim_v) {
+  auto* const bytes = static_cast<unsigned char*>(p.workspace);
+  using Layout = VarlenSplitPartials;
+  CombineParams c;
+  c.o_partial = reinterpret_cast<float const*>(bytes + Layout::o_offset(p.batch));
+  c.lse_partial =
+      reinterpret_cast<float const*>(bytes + Layout::lse_offset(p.batch, p.num_splits, p.total_q, p.nheads, head_dim_v));
+  c.o = p.o;
+  c.lse = p.lse;
+  c.num_splits = p.num_splits;
+  c.batch = p.batch;
+  c.seqlen = p.seqlen_q;
+  c.nheads = p.nheads;
+  c.head_dim_v = head_dim_v;
+  c.o_partial_head_stride = head_dim_v;
+  c.o_partial_row_stride = std::int64_t{p.nheads} * head_dim_v;
+  c.o_partial_split_stride = c.o_partial_row_stride * p.total_q;
+  c.lse_partial_head_stride = 1;
+  c.lse_partial_row_stride = p.nheads;
+  c.lse_partial_split_stride = std::int64_t{p.nheads} * p.total_q;
+  c.o_row_stride = p.o_row_stride;
+  c.o_head_stride = p.o_head_stride;
+  c.lse_head_stride = p.lse_head_stride;
+  c.lse_row_stride = p.lse_row_stride;
+  c.cu_seqlens_q = p.cu_seqlens_q;
+  c.seqused_q = p.seqused_q;
+  c.total_q = p.total_q;
+  return c;
+}
+
 // Launches the forward kernel of one mainloop.
 template <class Mainloop>
 Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
@@ -45,7 +77,8 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
     constexpr int kPrepareThreads = 1024;
     VarlenPrepareParams const prepare{Kernel::sequences_of(p), p.batch, Mainloop::kBlockM,
                                       Mainloop::kPackGqa ? p.nheads / p.nheads_kv : 1,
-                                      Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv), static_cast<int*>(p.workspace)};
+                                      Mainloop::Rows::tile_heads(p.nheads, p.nheads_kv), p.num_splits,
+                                      static_cast<int*>(p.workspace)};
     varlen_prepare_kernel<kPrepareThreads><<<1, kPrepareThreads, 0, stream>>>(prepare);
     err = cudaGetLastError();
     if (err != cudaSuccess) {
@@ -67,6 +100,9 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err)};
+  }
+  if constexpr (Kernel::kVarlen) {
+    if (p.num_splits > 1) return launch_combine<typename Mainloop::Element>(combine_params(p, Mainloop::kHeadDimV), stream);
   }
   return Status::success();
 }

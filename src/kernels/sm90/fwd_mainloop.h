@@ -44,7 +44,6 @@ struct ForwardMainloop {
   using Mask = cute::conditional_t<kRecipe.local(), LocalMask, NoMask>;
   static constexpr bool kPackGqa = kRecipe.pack_gqa;
   static constexpr bool kVarlen = kVarlen_;
-  static_assert(!(kVarlen && kPackGqa), "variable-length batches have no packed-row kernels");
   using Rows = QueryRows<kPackGqa>;
   static constexpr int kHeadDim = kRecipe.head_dim;
   static constexpr int kHeadDimV = kRecipe.head_dim_v;
@@ -207,7 +206,7 @@ struct ForwardMainloop {
     TmaV tma_v;
     // The TMA extents: for variable-length batches the packed tensors' rows and a batch of one.
     int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
-    Rows rows;  // of a fixed-length batch
+    Rows rows;  // a fixed-length batch's; a variable-length batch's per sequence by rows_of
     // Packed Q, gathered row by row: (batch, seqlen_q, nheads, d) with these strides.
     Element const* q;
     int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -345,7 +344,7 @@ struct ForwardMainloop {
   template <class Tile>
   static CUTLASS_DEVICE int rows_in_warpgroup(Params const& params, Tile const& tile, int consumer) {
     if constexpr (kVarlen) {
-      return tile.span.seqlen_q - (tile.m_block * kBlockM + consumer * 64);
+      return params.rows.rows_of(tile.span.seqlen_q) - (tile.m_block * kBlockM + consumer * 64);
     } else {
       return params.rows.rows - (tile.m_block * kBlockM + consumer * 64);
     }
@@ -501,10 +500,13 @@ struct ForwardMainloop {
   // Producer warp, packed Q only (lane in [0, 32)): gathers the tile's rows, each from its own query
   // head, into Q's buffer by 16-byte cp.async copies, lanes along a row; the rows past the last
   // query that a GEMM reads are zeroed, those of a warpgroup that skips the tile (rows_past_end)
-  // left as they are. The caller has waited for the buffer to be free.
+  // left as they are. The caller has waited for the buffer to be free. `tile`: a ForwardTile, or a
+  // VarlenTile, whose sequence's queries start at row span.q_begin of the packed Q.
+  template <class Tile>
   static CUTLASS_DEVICE void load_q_packed(Params const& params, SharedStorage& smem,
-                                           cutlass::arch::ClusterTransactionBarrier& q_full, int m_block, int head,
-                                           int batch, int lane) {
+                                           cutlass::arch::ClusterTransactionBarrier& q_full, Tile const& tile,
+                                           int lane) {
+    int const m_block = tile.m_block, head = tile.head, batch = tile.batch;
     using namespace cute;
     static_assert(kPackGqa);
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});  // (kBlockM, d)
@@ -512,9 +514,15 @@ struct ForwardMainloop {
     constexpr int kChunk = 16 / sizeof(Element);
     constexpr int kChunksPerRow = kHeadDim / kChunk;
     int const first_row = m_block * kBlockM;
-    int const rows = cute::min(int{kBlockM}, params.rows.rows - first_row);  // that exist
-    int const read_rows = kSkipRowsPastEnd ? cute::min(int{kBlockM}, (rows + 63) / 64 * 64) : kBlockM;
+    int rows;  // that exist
     Element const* q_batch = params.q + batch * params.q_batch_stride;
+    if constexpr (kVarlen) {
+      rows = cute::min(int{kBlockM}, params.rows.rows_of(tile.span.seqlen_q) - first_row);
+      q_batch += int64_t{tile.span.q_begin} * params.q_row_stride;
+    } else {
+      rows = cute::min(int{kBlockM}, params.rows.rows - first_row);
+    }
+    int const read_rows = kSkipRowsPastEnd ? cute::min(int{kBlockM}, (rows + 63) / 64 * 64) : kBlockM;
     // The rows that exist, then the zeroes, which need no row lookup: the consumers wait for the
     // whole of Q before their first GEMM (faster than one loop that branches per chunk).
     CUTLASS_PRAGMA_NO_UNROLL

@@ -31,6 +31,31 @@ struct VarlenTileList {
   }
 };
 
+// A variable-length batch split by keys (ForwardParams::num_splits > 1): after the tile list, the
+// splits' partial results, which the combine kernel (combine.h) merges into O and LSE:
+// o_partial (num_splits, total_q, nheads, dv) and lse_partial (num_splits, total_q, nheads), floats,
+// each split's O normalised by its own row sums.
+struct VarlenSplitPartials {
+  static constexpr std::size_t kAlignment = 256;
+  static constexpr std::size_t o_offset(int batch) {
+    return (VarlenTileList::bytes(batch) + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  static constexpr std::size_t o_bytes(int num_splits, std::int64_t total_q, int nheads, int head_dim_v) {
+    return sizeof(float) * static_cast<std::size_t>(num_splits) * static_cast<std::size_t>(total_q) *
+           static_cast<std::size_t>(nheads) * static_cast<std::size_t>(head_dim_v);
+  }
+  static constexpr std::size_t lse_offset(int batch, int num_splits, std::int64_t total_q, int nheads,
+                                          int head_dim_v) {
+    return o_offset(batch) + o_bytes(num_splits, total_q, nheads, head_dim_v);
+  }
+  // The tile list and both partials.
+  static constexpr std::size_t bytes(int batch, int num_splits, std::int64_t total_q, int nheads, int head_dim_v) {
+    return lse_offset(batch, num_splits, total_q, nheads, head_dim_v) +
+           sizeof(float) * static_cast<std::size_t>(num_splits) * static_cast<std::size_t>(total_q) *
+               static_cast<std::size_t>(nheads);
+  }
+};
+
 struct ForwardParams {
   const void* q = nullptr;  // (batch, seqlen_q, nheads, head_dim)
   const void* k = nullptr;  // (batch, seqlen_k, nheads_kv, head_dim)
@@ -80,6 +105,38 @@ struct ForwardParams {
   int const* page_table = nullptr;  // (batch, page_table_stride), max_pages used in each row
   std::int64_t page_table_stride = 0;
   int page_size = 0, num_pages = 0, max_pages = 0;
+
+  // A variable-length batch's splits by keys: each query tile's key tiles are cut into num_splits
+  // runs, each a tile of its own that writes a partial result (VarlenSplitPartials), merged by the
+  // combine kernel. 1: not split.
+  int num_splits = 1;
 };
+
+// The combine kernel's arguments (combine.cu): the partial results of num_splits splits by keys,
+// each split's O normalised by its own row sums, merged into O and LSE:
+//   O = sum over splits of exp(lse_s - lse) O_s, lse = log sum over splits of exp(lse_s),
+// summed in split order. Strides in elements; head_dim_v contiguous everywhere.
+struct CombineParams {
+  float const* o_partial = nullptr;    // (num_splits, batch, seqlen, nheads, head_dim_v)
+  float const* lse_partial = nullptr;  // (num_splits, batch, seqlen, nheads)
+  void* o = nullptr;                   // (batch, seqlen, nheads, head_dim_v), of the output dtype
+  float* lse = nullptr;                // (batch, nheads, seqlen) or null
+  int num_splits = 0, batch = 0, seqlen = 0, nheads = 0, head_dim_v = 0;
+  std::int64_t o_partial_split_stride = 0, o_partial_batch_stride = 0, o_partial_row_stride = 0,
+               o_partial_head_stride = 0;
+  std::int64_t lse_partial_split_stride = 0, lse_partial_batch_stride = 0, lse_partial_row_stride = 0,
+               lse_partial_head_stride = 0;
+  std::int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  std::int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+  // A variable-length batch (varlen.h's reading of them), else null: sequence b's row r is row
+  // cu_seqlens_q[b] + r of the packed tensors (batch strides 0), for r below its used queries and
+  // below seqlen (max_seqlen_q); the other rows are left as they are.
+  int const* cu_seqlens_q = nullptr;
+  int const* seqused_q = nullptr;
+  int total_q = 0;
+};
+
+// The widest head_dim_v the combine kernel takes.
+inline constexpr int kMaxCombineHeadDim = 512;
 
 }  // namespace flashhop::sm90

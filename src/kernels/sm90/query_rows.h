@@ -30,6 +30,9 @@ struct QueryRows {
   }
   static int tile_heads(int nheads, int nheads_kv) { return tile_heads_of(nheads, nheads_kv, kPackGqa); }
 
+  // Tile rows of seqlen_q queries (a variable-length batch's sequence).
+  CUTLASS_HOST_DEVICE int rows_of(int seqlen_q) const { return kPackGqa ? seqlen_q * heads_per_kv_head : seqlen_q; }
+
   CUTLASS_DEVICE int query(int tile_row) const { return kPackGqa ? group.divide(tile_row) : tile_row; }
   CUTLASS_DEVICE Row locate(int tile_row, int tile_head) const {
     if constexpr (kPackGqa) {

@@ -190,29 +190,33 @@ struct CausalScheduler {
   }
 };
 
-// A variable-length batch's tile (varlen.h): the tile, and where its sequence lies.
+// A variable-length batch's tile (varlen.h): the tile, where its sequence lies, and which of the
+// query tile's splits by keys it is.
 struct VarlenTile : ForwardTile {
   SequenceSpan span;
+  int split;
 };
 
 // Variable-length batches: a queue as CausalScheduler's, over the tile list that
 // varlen_prepare_kernel wrote (varlen.h): the sequences with the most keys first, each head by
-// head, the longest query tile of a head first, so that the run ends on the shortest tiles. The
-// grid is sized by the bound on the tiles; the list holds how many there are.
+// head, the longest query tile of a head first, so that the run ends on the shortest tiles; a
+// query tile's splits by keys (ForwardParams::num_splits) follow one another. The grid is sized by
+// the bound on the tiles; the list holds how many there are.
 struct VarlenScheduler {
   struct Params {
     int* list;                      // VarlenTileList
     int batch;
     int ctas;        // the grid size
     int tile_heads;  // query heads, or KV heads with packed rows
+    int num_splits;  // splits by keys of each query tile
     VarlenSequences sequences;
   };
 
-  // num_tiles_bound: the most tiles the batch can have (the grid's bound).
-  static Params to_params(int* list, int batch, int tile_heads, std::int64_t num_tiles_bound, int num_sms,
-                          VarlenSequences const& sequences) {
+  // num_tiles_bound: the most tiles the batch can have (the grid's bound), splits counted.
+  static Params to_params(int* list, int batch, int tile_heads, int num_splits, std::int64_t num_tiles_bound,
+                          int num_sms, VarlenSequences const& sequences) {
     int const ctas = static_cast<int>(std::min<std::int64_t>(num_tiles_bound, num_sms));
-    return {list, batch, std::max(ctas, 1), tile_heads, sequences};
+    return {list, batch, std::max(ctas, 1), tile_heads, num_splits, sequences};
   }
   static dim3 grid(Params const& params, int) { return dim3(static_cast<unsigned>(params.ctas)); }
   static CUTLASS_DEVICE int first_tile(Params const&) { return blockIdx.x; }
@@ -240,10 +244,13 @@ struct VarlenScheduler {
     int const sequence = __ldg(params.list + VarlenTileList::kOrder + low);
     VarlenTile t;
     t.span = params.sequences.span(sequence);
-    int const m_blocks = (__ldg(tile_start + low + 1) - __ldg(tile_start + low)) / params.tile_heads;
+    // The sequence's tiles, head by head: its query tiles, each as num_splits tiles.
+    int const head_tiles = (__ldg(tile_start + low + 1) - __ldg(tile_start + low)) / params.tile_heads;
     int const local = index - __ldg(tile_start + low);
-    int const head = local / m_blocks, rank = local - head * m_blocks;
-    t.m_block = m_blocks - 1 - rank;
+    int const head = local / head_tiles, in_head = local - head * head_tiles;
+    int const rank = in_head / params.num_splits;
+    t.split = in_head - rank * params.num_splits;
+    t.m_block = head_tiles / params.num_splits - 1 - rank;
     t.head = head;
     t.batch = sequence;
     return t;

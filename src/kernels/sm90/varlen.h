@@ -65,6 +65,7 @@ struct VarlenPrepareParams {
   int block_m;          // tile rows
   int rows_per_query;   // tile rows per query: heads per KV head with packed rows, else 1
   int tile_heads;       // query heads, or KV heads with packed rows
+  int num_splits;       // tiles per query tile: its splits by keys (ForwardParams::num_splits)
   int* list;            // VarlenTileList in the workspace
 };
 
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) varlen_prepare_kernel(VarlenPrepareP
     int tiles = 0;
     if (p < batch) {
       int const rows = queries[order[p]] * params.rows_per_query;
-      tiles = (rows + params.block_m - 1) / params.block_m * params.tile_heads;
+      tiles = (rows + params.block_m - 1) / params.block_m * params.tile_heads * params.num_splits;
     }
     int start, chunk_total;
     Scan(scan_storage).ExclusiveSum(tiles, start, chunk_total);
