@@ -102,7 +102,9 @@ TEST(RecipeLookup, EachHeadDimMaskKindAndPackingHasOneVariableLengthRecipe) {
                 other.local() == r.local() && other.pack_gqa == r.pack_gqa;
     }
     EXPECT_EQ(varlen, 1) << r.name;
-    if (r.varlen) EXPECT_NE(r.o_buffer, OBuffer::kTakeTurns) << r.name;
+    if (r.varlen) {
+      EXPECT_NE(r.o_buffer, OBuffer::kTakeTurns) << r.name;
+    }
   }
 }
 

@@ -1400,6 +1400,72 @@ TEST(CombineValidation, NamesTheArgument) {
   }
 }
 
+// ---- append_kv ---------------------------------------------------------------------------------
+
+flashhop::AppendKvArgs valid_append_args() {
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f4000000000} + (gib << 32));
+  };
+  using flashhop::make_contiguous;
+  flashhop::AppendKvArgs a;
+  a.k_cache = make_contiguous(at(0), DType::kBFloat16, {40, 16, 2, 128});
+  a.v_cache = make_contiguous(at(1), DType::kBFloat16, {40, 16, 2, 128});
+  a.page_table = make_contiguous(at(2), DType::kInt32, {3, 20});
+  a.cache_seqlens = make_contiguous(at(3), DType::kInt32, {3});
+  a.k_new = make_contiguous(at(4), DType::kBFloat16, {6, 2, 128});
+  a.v_new = make_contiguous(at(5), DType::kBFloat16, {6, 2, 128});
+  a.cu_seqlens_new = make_contiguous(at(6), DType::kInt32, {4});
+  a.rotary_cos = make_contiguous(at(7), DType::kBFloat16, {4096, 32});
+  a.rotary_sin = make_contiguous(at(8), DType::kBFloat16, {4096, 32});
+  a.q = make_contiguous(at(9), DType::kBFloat16, {3, 8, 128});
+  a.q_rotated = make_contiguous(at(10), DType::kBFloat16, {3, 8, 128});
+  a.cu_seqlens_q = make_contiguous(at(11), DType::kInt32, {4});
+  return a;
+}
+
+TEST(AppendKvValidation, NamesTheArgument) {
+  EXPECT_TRUE(flashhop::validate_append_kv(valid_append_args()).ok()) << flashhop::validate_append_kv(valid_append_args()).message;
+  using A = flashhop::AppendKvArgs;
+  const struct {
+    std::function<void(A&)> change;
+    std::vector<std::string> parts;
+  } cases[] = {
+      {[](A& a) { a.rotary_sin.reset(); }, {"rotary_sin = none with rotary_cos given", "both tables or neither"}},
+      {[](A& a) { a.q_rotated.reset(); }, {"q, q_rotated and cu_seqlens_q: expected all three or none"}},
+      {[](A& a) { a.rotary_cos.reset(); a.rotary_sin.reset(); }, {"q is given without rotary_cos and rotary_sin"}},
+      {[](A& a) { a.k_cache.rank = 3; }, {"k_cache.rank = 3", "(num_pages, page_size, nheads_kv, head_dim)"}},
+      {[](A& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kFloat32; }, {"k_cache.dtype = float32", "float16 or bfloat16"}},
+      {[](A& a) { a.v_new.dtype = DType::kFloat16; }, {"v.dtype = float16", "the dtype of k_cache"}},
+      {[](A& a) { a.cache_seqlens.dtype = DType::kFloat32; }, {"cache_seqlens.dtype = float32", "int32"}},
+      {[](A& a) { a.page_table.shape[0] = 4; }, {"page_table.shape[0] (batch) = 4", "expected 3 (cu_seqlens_new.shape[0] - 1)"}},
+      {[](A& a) { a.k_new.shape[1] = 4; }, {"k.shape[1] (nheads_kv) = 4", "expected 2"}},
+      {[](A& a) { a.v_new.shape[0] = 5; }, {"v.shape[0] (total_new) = 5", "expected 6"}},
+      {[](A& a) { a.rotary_cos->shape[1] = a.rotary_sin->shape[1] = 80; }, {"rotary_cos.shape[1] (rotary_dim / 2) = 80", "<= head_dim (128)"}},
+      {[](A& a) { a.rotary_sin->shape[0] = 100; }, {"rotary_sin.shape[0] (seqlen_ro) = 100", "expected 4096"}},
+      {[](A& a) { a.q->shape[1] = a.q_rotated->shape[1] = 7; }, {"q.shape[1] (nheads) = 7", "multiple of k_cache.shape[2] (nheads_kv) = 2"}},
+      {[](A& a) { a.cu_seqlens_q->shape[0] = 3; }, {"cu_seqlens_q.shape[0] (batch + 1) = 3", "expected 4 (cu_seqlens_new.shape[0])"}},
+      {[](A& a) { a.k_new.stride[2] = 2; }, {"k.stride[2] = 2", "contiguous"}},
+      {[](A& a) { a.q_rotated->data = a.q->data; }, {"q_rotated.data", "overlaps q's"}},
+      {[](A& a) { a.k_cache.data = a.k_new.data; }, {"k_cache.data", "overlaps k's"}},
+      {[](A& a) { a.cu_seqlens_new.device = 1; }, {"cu_seqlens_new.device = 1", "(k_cache.device)"}},
+  };
+  for (const auto& c : cases) {
+    A args = valid_append_args();
+    c.change(args);
+    const Status status = flashhop::validate_append_kv(args);
+    EXPECT_EQ(status.code, StatusCode::kInvalidArgument) << status.message;
+    for (const std::string& part : c.parts) {
+      EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
+    }
+    EXPECT_EQ(flashhop::append_kv(args, nullptr).message, status.message);
+  }
+  // k_cache and v_cache may interleave in one buffer.
+  A interleaved = valid_append_args();
+  interleaved.k_cache.stride[0] = interleaved.v_cache.stride[0] = 2 * 16 * 2 * 128;
+  interleaved.v_cache.data = shifted(interleaved.k_cache.data, 16 * 2 * 128 * 2);
+  EXPECT_TRUE(flashhop::validate_append_kv(interleaved).ok()) << flashhop::validate_append_kv(interleaved).message;
+}
+
 // ---- backward ----------------------------------------------------------------------------------
 
 // The backward arguments of kProblem's forward call: q, k, v, o and lse as valid_args() places

@@ -10,6 +10,8 @@
 //   slots of each sequence's last page past its keys hold large values that must not leak.
 // - Both: query heads packed into tiles or not, and keys split (partials merged by the combine
 //   kernel) or not, as the plan chooses and forced.
+// - combine on its own against the merge in doubles; append_kv's rows in the cache against the
+//   rotation in doubles, and every other cache element unchanged.
 // O and LSE are poisoned (NaN) before the call: every used row must be written, every other row
 // left as it was. Skipped without a Hopper GPU and for kernels the build left out.
 #include <gtest/gtest.h>
@@ -549,6 +551,126 @@ INSTANTIATE_TEST_SUITE_P(Grid, CombineGpu,
                            return std::string(flashhop::dtype_name(c.out_dtype)) + "_splits" +
                                   std::to_string(c.num_splits) + "_rows" + std::to_string(c.rows) + "_h" +
                                   std::to_string(c.nheads) + "_dv" + std::to_string(c.head_dim_v);
+                         });
+
+// flashhop::append_kv on a paged cache: each new key row lands rotated (against the rotation in
+// doubles of the rounded inputs), each value row as it is, every other cache element unchanged,
+// rows past a sequence's pages left out; queries rotated at their positions. Both pairings.
+struct AppendCase {
+  DType dtype;
+  bool interleaved, advance;
+  int page_size;
+};
+
+using AppendKvGpu = GpuTestWithParam<AppendCase>;
+
+TEST_P(AppendKvGpu, WritesRotatedRowsAndNothingElse) {
+  const AppendCase& c = GetParam();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "random seed " << seed);
+  std::mt19937 rng(seed);
+  const int heads_kv = 2, heads = 4, d = 128, rotary_dim = 64, seqlen_ro = 512, page = c.page_size;
+  const int max_pages = 256 / page, batch = 3;
+  const std::vector<int> cached = {100, 0, 254};  // the last sequence's third new row lies past its 256 keys
+  const std::vector<int> cu_new = {0, 3, 4, 7}, cu_q = {0, 2, 3, 5};
+  const int total_new = cu_new.back(), total_q = cu_q.back(), num_pages = batch * max_pages;
+  std::vector<int> table(std::size_t(batch) * max_pages);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = int((i * 7 + 3) % table.size());  // a permutation
+  const std::int64_t cache_elements = std::int64_t{num_pages} * page * heads_kv * d;
+  const std::vector<float> k_cache = random_normal(cache_elements, c.dtype, rng), v_cache = random_normal(cache_elements, c.dtype, rng);
+  const std::vector<float> k_new = random_normal(std::int64_t{total_new} * heads_kv * d, c.dtype, rng);
+  const std::vector<float> v_new = random_normal(std::int64_t{total_new} * heads_kv * d, c.dtype, rng);
+  const std::vector<float> q = random_normal(std::int64_t{total_q} * heads * d, c.dtype, rng);
+  std::vector<float> cos(std::size_t(seqlen_ro) * rotary_dim / 2), sin(cos.size());
+  std::uniform_real_distribution<float> angle(0.f, 6.28f);
+  for (std::size_t i = 0; i < cos.size(); ++i) {
+    const float a = angle(rng);
+    cos[i] = round_to(c.dtype, std::cos(a));
+    sin[i] = round_to(c.dtype, std::sin(a));
+  }
+  const auto upload = [&](const std::vector<float>& values, DType dtype) {
+    return upload_packed(Packed{int(values.size()), 1, 1, values}, dtype);
+  };
+  DeviceBuffer dk_cache = upload(k_cache, c.dtype), dv_cache = upload(v_cache, c.dtype), dk_new = upload(k_new, c.dtype),
+               dv_new = upload(v_new, c.dtype), dq = upload(q, c.dtype), dcos = upload(cos, c.dtype),
+               dsin = upload(sin, c.dtype), dtable = upload_ints(table), dcached = upload_ints(cached),
+               dcu_new = upload_ints(cu_new), dcu_q = upload_ints(cu_q);
+  DeviceBuffer dq_rotated(q.size() * flashhop::dtype_size(c.dtype));
+  dq_rotated.upload(poisoned_storage(c.dtype, std::int64_t(q.size())));
+  using flashhop::make_contiguous;
+  flashhop::AppendKvArgs args;
+  args.k_cache = make_contiguous(dk_cache.data(), c.dtype, {num_pages, page, heads_kv, d});
+  args.v_cache = make_contiguous(dv_cache.data(), c.dtype, {num_pages, page, heads_kv, d});
+  args.page_table = make_contiguous(dtable.data(), DType::kInt32, {batch, max_pages});
+  args.cache_seqlens = make_contiguous(dcached.data(), DType::kInt32, {batch});
+  args.k_new = make_contiguous(dk_new.data(), c.dtype, {total_new, heads_kv, d});
+  args.v_new = make_contiguous(dv_new.data(), c.dtype, {total_new, heads_kv, d});
+  args.cu_seqlens_new = make_contiguous(dcu_new.data(), DType::kInt32, {batch + 1});
+  args.rotary_cos = make_contiguous(dcos.data(), c.dtype, {seqlen_ro, rotary_dim / 2});
+  args.rotary_sin = make_contiguous(dsin.data(), c.dtype, {seqlen_ro, rotary_dim / 2});
+  args.rotary_interleaved = c.interleaved;
+  args.q = make_contiguous(dq.data(), c.dtype, {total_q, heads, d});
+  args.q_rotated = make_contiguous(dq_rotated.data(), c.dtype, {total_q, heads, d});
+  args.cu_seqlens_q = make_contiguous(dcu_q.data(), DType::kInt32, {batch + 1});
+  args.q_positions_advance = c.advance;
+  const Status status = flashhop::append_kv(args, nullptr);
+  ASSERT_TRUE(status.ok()) << status.message;
+  const std::vector<float> k_after = download_as_floats(dk_cache, c.dtype), v_after = download_as_floats(dv_cache, c.dtype);
+  const std::vector<float> q_after = download_as_floats(dq_rotated, c.dtype);
+
+  // x (heads of d) rotated at `position`, in doubles.
+  const auto rotated = [&](const float* x, int position, int element) {
+    if (element >= rotary_dim) return double(x[element]);
+    const int half = rotary_dim / 2;
+    int j, first, second;
+    bool is_first;
+    if (c.interleaved) {
+      j = element / 2, first = 2 * j, second = first + 1, is_first = element % 2 == 0;
+    } else {
+      j = element % half, first = j, second = j + half, is_first = element < half;
+    }
+    const double cs = cos[std::size_t(position) * half + j], sn = sin[std::size_t(position) * half + j];
+    return is_first ? x[first] * cs - x[second] * sn : x[first] * sn + x[second] * cs;
+  };
+  const double tolerance = c.dtype == DType::kBFloat16 ? 2e-2 : 2e-3;
+  std::vector<float> k_expected = k_cache, v_expected = v_cache;
+  std::int64_t rotation_mismatches = 0;
+  for (int b = 0; b < batch; ++b) {
+    for (int i = 0; i < cu_new[b + 1] - cu_new[b]; ++i) {
+      const int key = cached[b] + i, row = cu_new[b] + i;
+      if (key >= max_pages * page) continue;  // past the sequence's pages: not written
+      const std::int64_t at = (std::int64_t{table[std::size_t(b) * max_pages + key / page]} * page + key % page) * heads_kv * d;
+      for (int h = 0; h < heads_kv; ++h) {
+        for (int e = 0; e < d; ++e) {
+          const double want = rotated(&k_new[(std::size_t(row) * heads_kv + h) * d], key, e);
+          const float got = k_after[at + h * d + e];
+          rotation_mismatches += std::abs(got - want) > tolerance * (1 + std::abs(want));
+          k_expected[at + h * d + e] = got;
+          v_expected[at + h * d + e] = v_new[(std::size_t(row) * heads_kv + h) * d + e];
+        }
+      }
+    }
+    for (int i = 0; i < cu_q[b + 1] - cu_q[b]; ++i) {
+      const int position = cached[b] + (c.advance ? i : 0), row = cu_q[b] + i;
+      for (int e = 0; e < heads * d; ++e) {
+        const double want = rotated(&q[(std::size_t(row) * heads + e / d) * d], position, e % d);
+        rotation_mismatches += std::abs(q_after[std::size_t(row) * heads * d + e] - want) > tolerance * (1 + std::abs(want));
+      }
+    }
+  }
+  EXPECT_EQ(rotation_mismatches, 0);
+  EXPECT_EQ(k_after, k_expected) << "a key element outside the new rows changed";
+  EXPECT_EQ(v_after, v_expected) << "a value element differs from the new row, or outside it changed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, AppendKvGpu,
+                         ::testing::Values(AppendCase{DType::kBFloat16, true, true, 16}, AppendCase{DType::kBFloat16, false, false, 1},
+                                           AppendCase{DType::kFloat16, true, false, 64}, AppendCase{DType::kFloat16, false, true, 256}),
+                         [](const ::testing::TestParamInfo<AppendCase>& info) {
+                           const AppendCase& c = info.param;
+                           return std::string(c.dtype == DType::kBFloat16 ? "bf16" : "fp16") +
+                                  (c.interleaved ? "_interleaved" : "_halves") + (c.advance ? "_advancing" : "_same") +
+                                  "_page" + std::to_string(c.page_size);
                          });
 
 }  // namespace

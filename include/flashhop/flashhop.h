@@ -183,6 +183,38 @@ Status combine(const CombineArgs& args, cudaStream_t stream);
 // Checks the arguments without touching the device.
 Status validate_combine(const CombineArgs& args);
 
+// Appending new keys and values to a paged KV cache (the layout above; a contiguous cache is one
+// page per sequence) with the rotary embedding, as FlashAttention-3's flash_attn_with_kvcache does
+// with k, v, rotary_cos and rotary_sin before it attends: new row i of sequence b goes to key
+// cache_seqlens[b] + i of its pages, K rotated at position p_b + i, where p_b is rotary_seqlens[b]
+// (default cache_seqlens[b]); V as it is. The queries may be rotated at the same positions into
+// q_rotated: query i at p_b + i where positions advance (causal or local attention), else all at
+// p_b. The rotary embedding turns the pairs of elements (2j, 2j + 1) (interleaved, GPT-J) or
+// (j, j + rotary_dim / 2) (GPT-NeoX) of the first rotary_dim elements of each head by the angle
+// whose cosine and sine are row p of the tables, column j: x0' = x0 cos - x1 sin,
+// x1' = x0 sin + x1 cos. The library cannot read device memory while it validates; the kernel reads
+// the values defensively: a new row whose key lies past its sequence's pages, or on a page id
+// outside [0, num_pages), is not written, and a row whose position lies outside the tables is
+// written unrotated. Attend afterwards with seqused_k = cache_seqlens + the new rows.
+struct AppendKvArgs {
+  TensorDesc k_cache, v_cache;    // (num_pages, page_size, nheads_kv, head_dim / head_dim_v): written
+  TensorDesc page_table;          // int32 (batch, max_pages)
+  TensorDesc cache_seqlens;       // int32 (batch): each sequence's keys before the append
+  TensorDesc k_new, v_new;        // (total_new, nheads_kv, head_dim / head_dim_v), the cache's dtype
+  TensorDesc cu_seqlens_new;      // int32 (batch + 1): sequence b's new rows are cu[b] .. cu[b + 1]
+  std::optional<TensorDesc> rotary_cos, rotary_sin;  // both or neither: (seqlen_ro, rotary_dim / 2), the
+                                                     // cache's dtype; rotary_dim even, <= head_dim
+  bool rotary_interleaved = true;
+  std::optional<TensorDesc> rotary_seqlens;          // int32 (batch): the first new token's position
+  std::optional<TensorDesc> q, q_rotated;            // both or neither: (total_q, nheads, head_dim)
+  std::optional<TensorDesc> cu_seqlens_q;            // int32 (batch + 1), with q
+  bool q_positions_advance = false;
+};
+// On any error nothing is launched and nothing is written.
+Status append_kv(const AppendKvArgs& args, cudaStream_t stream);
+// Checks the arguments without touching the device.
+Status validate_append_kv(const AppendKvArgs& args);
+
 // The backward pass of a forward call: from its inputs (q, k, v and the options), its output o and
 // LSE, and the gradient dout of o, the gradients dq, dk and dv (shapes, dtypes and conventions of q,
 // k and v; with GQA / MQA, dk and dv sum over each KV head's query heads). softmax_scale, causal,

@@ -85,6 +85,26 @@ flashhop_status_t flashhop_backward_workspace_size(const flashhop_backward_args_
 flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream);
 
+/* flashhop::append_kv (flashhop.h): new keys and values into a paged cache, with the rotary embedding.
+ * Optional tensors are NULL where not given. */
+typedef struct {
+  flashhop_tensor_t k_cache, v_cache;     /* (num_pages, page_size, nheads_kv, d / dv): written */
+  flashhop_tensor_t page_table;           /* int32 (batch, max_pages) */
+  flashhop_tensor_t cache_seqlens;        /* int32 (batch) */
+  flashhop_tensor_t k_new, v_new;         /* (total_new, nheads_kv, d / dv) */
+  flashhop_tensor_t cu_seqlens_new;       /* int32 (batch + 1) */
+  const flashhop_tensor_t* rotary_cos;    /* (seqlen_ro, rotary_dim / 2), with rotary_sin */
+  const flashhop_tensor_t* rotary_sin;
+  int rotary_interleaved;                 /* 0 or 1 */
+  const flashhop_tensor_t* rotary_seqlens; /* int32 (batch) */
+  const flashhop_tensor_t* q;             /* (total_q, nheads, d), with q_rotated and cu_seqlens_q */
+  const flashhop_tensor_t* q_rotated;
+  const flashhop_tensor_t* cu_seqlens_q;
+  int q_positions_advance;                /* 0 or 1 */
+} flashhop_append_kv_args_t;
+
+flashhop_status_t flashhop_append_kv(const flashhop_append_kv_args_t* args, cudaStream_t stream);
+
 /* flashhop::combine (flashhop.h): the merge of partial results over splits by keys. */
 typedef struct {
   flashhop_tensor_t out_partial; /* float32 (num_splits, rows, nheads, head_dim_v) */

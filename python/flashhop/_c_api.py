@@ -67,6 +67,28 @@ class _ForwardArgs(ctypes.Structure):
     ]
 
 
+class _AppendKvArgs(ctypes.Structure):
+    """flashhop_append_kv_args_t."""
+
+    _fields_ = [
+        ("k_cache", _Tensor),
+        ("v_cache", _Tensor),
+        ("page_table", _Tensor),
+        ("cache_seqlens", _Tensor),
+        ("k_new", _Tensor),
+        ("v_new", _Tensor),
+        ("cu_seqlens_new", _Tensor),
+        ("rotary_cos", ctypes.POINTER(_Tensor)),
+        ("rotary_sin", ctypes.POINTER(_Tensor)),
+        ("rotary_interleaved", ctypes.c_int),
+        ("rotary_seqlens", ctypes.POINTER(_Tensor)),
+        ("q", ctypes.POINTER(_Tensor)),
+        ("q_rotated", ctypes.POINTER(_Tensor)),
+        ("cu_seqlens_q", ctypes.POINTER(_Tensor)),
+        ("q_positions_advance", ctypes.c_int),
+    ]
+
+
 class _CombineArgs(ctypes.Structure):
     """flashhop_combine_args_t."""
 
@@ -119,6 +141,8 @@ def _load_library():
     library.flashhop_backward_workspace_size.restype = ctypes.c_int
     library.flashhop_backward.argtypes = [backward_args, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     library.flashhop_backward.restype = ctypes.c_int
+    library.flashhop_append_kv.argtypes = [ctypes.POINTER(_AppendKvArgs), ctypes.c_void_p]
+    library.flashhop_append_kv.restype = ctypes.c_int
     library.flashhop_combine.argtypes = [ctypes.POINTER(_CombineArgs), ctypes.c_void_p]
     library.flashhop_combine.restype = ctypes.c_int
     library.flashhop_last_error.argtypes = []
@@ -215,6 +239,27 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, ma
                         max_seqlen_k=_bound(max_seqlen_k), num_splits=_bound(num_splits), **pointers,
                         **_options(softmax_scale, causal, window_left, window_right, softcap))
     _run(_library.flashhop_forward_workspace_size, _library.flashhop_forward, args, q.device)
+
+
+def append_kv(k_cache, v_cache, page_table, cache_seqlens, k_new, v_new, cu_seqlens_new, rotary_cos, rotary_sin,
+              rotary_interleaved, rotary_seqlens, q, q_rotated, cu_seqlens_q, q_positions_advance):
+    """Writes k_new / v_new (total_new, nheads_kv, d) into the paged cache at cache_seqlens, K rotated
+    where the tables are given, and q rotated into q_rotated where q is given, on the current stream
+    of the cache's device, which must be the current device."""
+    descs = {}
+    for name, tensor in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("rotary_seqlens", rotary_seqlens),
+                         ("q", q), ("q_rotated", q_rotated), ("cu_seqlens_q", cu_seqlens_q)):
+        if tensor is not None:
+            descs[name] = _describe(name, tensor)
+    pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}
+    args = _AppendKvArgs(k_cache=_describe("k_cache", k_cache), v_cache=_describe("v_cache", v_cache),
+                         page_table=_describe("page_table", page_table),
+                         cache_seqlens=_describe("cache_seqlens", cache_seqlens), k_new=_describe("k", k_new),
+                         v_new=_describe("v", v_new), cu_seqlens_new=_describe("cu_seqlens_new", cu_seqlens_new),
+                         rotary_interleaved=int(rotary_interleaved), q_positions_advance=int(q_positions_advance),
+                         **pointers)
+    stream = torch.cuda.current_stream(k_cache.device).cuda_stream
+    _check(_library.flashhop_append_kv(ctypes.byref(args), stream))
 
 
 def combine(out_partial, lse_partial, out, lse):

@@ -1,5 +1,6 @@
-"""The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd and flashhop::paged_fwd,
-registered with torch.library.
+"""The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd, flashhop::paged_fwd,
+flashhop::append_kv (which writes into its KV cache arguments) and flashhop::combine, registered with
+torch.library.
 
 Their fake implementations give torch.compile the output shapes without running anything, so a
 compiled model traces through them with no graph break. The CUDA implementation allocates through
@@ -186,6 +187,36 @@ def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
 def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, num_splits=0):
     return _empty_varlen_outputs(q, v_cache[0])
+
+
+@torch.library.custom_op("flashhop::append_kv", mutates_args=("k_cache", "v_cache"))
+def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, cache_seqlens: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor, cu_seqlens_new: torch.Tensor, rotary_cos: Optional[torch.Tensor],
+              rotary_sin: Optional[torch.Tensor], rotary_interleaved: bool, rotary_seqlens: Optional[torch.Tensor],
+              q: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+              q_positions_advance: bool) -> torch.Tensor:
+    """Writes k and v (total_new, nheads_kv, head_dim[_v]) into the paged cache k_cache / v_cache
+    (num_pages, page_size, nheads_kv, head_dim[_v]): new row i of sequence b (rows cu_seqlens_new[b]
+    on) at key cache_seqlens[b] + i of its pages (page_table), K rotated at position
+    rotary_seqlens[b] (default cache_seqlens[b]) + i where rotary_cos / rotary_sin are given.
+    Returns q (total_q, nheads, head_dim) rotated at those positions (query i at + i where
+    q_positions_advance, else all at + 0), or an empty tensor without q."""
+    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
+                         ("cache_seqlens", cache_seqlens), ("k", k), ("v", v), ("cu_seqlens_new", cu_seqlens_new)):
+        if tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    q_rotated = torch.empty_like(q) if q is not None else k.new_empty((0,))
+    with torch.cuda.device(k_cache.device):
+        _c_api.append_kv(k_cache, v_cache, page_table, cache_seqlens, k, v, cu_seqlens_new, rotary_cos, rotary_sin,
+                         rotary_interleaved, rotary_seqlens, q, q_rotated if q is not None else None, cu_seqlens_q,
+                         q_positions_advance)
+    return q_rotated
+
+
+@append_kv.register_fake
+def _append_kv_fake(k_cache, v_cache, page_table, cache_seqlens, k, v, cu_seqlens_new, rotary_cos, rotary_sin,
+                    rotary_interleaved, rotary_seqlens, q, cu_seqlens_q, q_positions_advance):
+    return torch.empty_like(q) if q is not None else k.new_empty((0,))
 
 
 def _empty_combine_outputs(out_partial, out_dtype):

@@ -106,18 +106,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     [2, 256] splits n ways; the splits' partial results merge in a second kernel.
     pack_gqa: None (flashhop chooses), True or False: whether the query heads that share a KV head
     share its query tiles (and read its keys once).
-    Appending k / v into the cache with the rotary embedding (k, v, rotary_cos, rotary_sin,
-    cu_seqlens_k_new, rotary_seqlens) and cache_leftpad are not implemented yet and raise
-    NotImplementedError.
+    k, v: new keys and values (batch, seqlen_new, nheads_kv, head_dim[_v]), or with
+    cu_seqlens_k_new (total_new, nheads_kv, head_dim[_v]): written into the cache in place after each
+    sequence's cache_seqlens keys (a tensor then), and attended with them.
+    rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) in q's dtype, with k and v: the new keys are
+    rotated at positions rotary_seqlens[b] (default cache_seqlens[b]) + i, and q at the same
+    positions (query i at + i with a causal or local mask, else all at + 0), pairs (2j, 2j + 1)
+    with rotary_interleaved, else (j, j + rotary_dim / 2). Outside CUDA-graph capture, a cache too
+    small for the new rows, or tables shorter than the positions, raise ValueError and write
+    nothing (the check reads the positions back, one synchronisation); under capture the kernel
+    leaves such rows out of the cache and unrotated.
+    cache_leftpad is not implemented yet and raises NotImplementedError.
     Returns out in q's layout with head_dim_v, and with return_softmax_lse also softmax_lse in
     float32: (batch, nheads, seqlen_q), or (nheads, total_q) with cu_seqlens_q.
     """
-    for name, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                        ("cu_seqlens_k_new", cu_seqlens_k_new), ("rotary_seqlens", rotary_seqlens),
-                        ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"flashhop: flash_attn_with_kvcache({name}=...) is not implemented yet: "
-                                      "appending to the cache, rotary embeddings and left padding are to come")
+    if cache_leftpad is not None:
+        raise NotImplementedError("flashhop: flash_attn_with_kvcache(cache_leftpad=...) is not implemented yet: "
+                                  "caches whose sequences start past row 0 are to come")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"flashhop: num_splits = {num_splits!r}: expected an int >= 0 (0: the kernels choose)")
     window_left, window_right = _window(window_size, causal)
@@ -171,6 +176,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         raise ValueError(f"flashhop: cache_seqlens = {cache_seqlens!r}: expected None, an int or an int32 tensor "
                          "of batch key counts")
+    if k is not None or v is not None or rotary_cos is not None or rotary_sin is not None:
+        queries, keys = _append(queries, cu_seqlens, k_cache, v_cache, table, keys, k, v, cu_seqlens_k_new,
+                                rotary_cos, rotary_sin, rotary_interleaved, rotary_seqlens,
+                                causal or window_size != (-1, -1), batch)
+    elif cu_seqlens_k_new is not None or rotary_seqlens is not None:
+        raise ValueError("flashhop: cu_seqlens_k_new and rotary_seqlens are given without k and v: expected them "
+                         "only with new keys and values")
     out, softmax_lse = torch.ops.flashhop.paged_fwd(queries, k_cache, v_cache, table, cu_seqlens, keys,
                                                     max(bound_q, 1), max(capacity, 1), softmax_scale, causal,
                                                     window_left, window_right, softcap, pack_gqa, num_splits)
@@ -178,6 +190,49 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out = out.view(batch, q.shape[1], q.shape[2], out.shape[2])
         softmax_lse = softmax_lse.view(q.shape[2], batch, q.shape[1]).permute(1, 0, 2)
     return (out, softmax_lse) if return_softmax_lse else out
+
+
+def _append(queries, cu_seqlens_q, k_cache, v_cache, table, keys, k, v, cu_seqlens_k_new, rotary_cos, rotary_sin,
+            rotary_interleaved, rotary_seqlens, positions_advance, batch):
+    """flash_attn_with_kvcache's append: k / v into the cache after `keys` keys of each sequence, the
+    rotary embedding on them and on the queries. Returns the queries to attend with and the keys of
+    each sequence after the append."""
+    if k is None or v is None:
+        raise ValueError("flashhop: flash_attn_with_kvcache: k and v (the new keys and values) come together, and "
+                         "rotary_cos / rotary_sin only with them")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flashhop: rotary_cos and rotary_sin: expected both or neither")
+    if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int32:
+        raise ValueError("flashhop: cache_seqlens: expected an int32 tensor of batch key counts with k and v")
+    if cu_seqlens_k_new is None:
+        if k.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"flashhop: k.rank = {k.dim()}, v.rank = {v.dim()}: expected 4 (batch, seqlen_new, "
+                             "nheads_kv, head_dim) without cu_seqlens_k_new")
+        if k.shape[0] != batch:
+            raise ValueError(f"flashhop: k.shape[0] = {k.shape[0]}: expected the batch, {batch}")
+        seqlen_new = k.shape[1]
+        cu_new = torch.arange(batch + 1, dtype=torch.int32, device=k.device) * seqlen_new
+        k_rows, v_rows = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+    else:
+        cu_new, k_rows, v_rows = cu_seqlens_k_new, k, v
+    new = cu_new[1:] - cu_new[:-1]
+    rotary = rotary_cos is not None
+    if not torch.cuda.is_current_stream_capturing():
+        # The last key written and the last position rotated, against the cache and the tables.
+        first = rotary_seqlens if rotary_seqlens is not None else keys
+        counts = torch.stack([(keys + new).max(), (first + torch.maximum(new, cu_seqlens_q[1:] - cu_seqlens_q[:-1]))
+                              .max()]).tolist() if batch > 0 else [0, 0]
+        capacity = table.shape[1] * k_cache.shape[1]
+        if counts[0] > capacity:
+            raise ValueError(f"flashhop: cache_seqlens + the new rows reach {counts[0]} keys: expected <= {capacity}, "
+                             "the cache's keys per sequence")
+        if rotary and counts[1] > rotary_cos.shape[0]:
+            raise ValueError(f"flashhop: rotary_cos.shape[0] (seqlen_ro) = {rotary_cos.shape[0]}: expected >= "
+                             f"{counts[1]}, the positions of the new keys and queries")
+    rotated = torch.ops.flashhop.append_kv(k_cache, v_cache, table, keys, k_rows, v_rows, cu_new, rotary_cos, rotary_sin,
+                                           rotary_interleaved, rotary_seqlens, queries if rotary else None,
+                                           cu_seqlens_q if rotary else None, positions_advance)
+    return (rotated if rotary else queries), keys + new
 
 
 def _window(window_size, causal):

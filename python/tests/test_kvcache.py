@@ -17,12 +17,21 @@ def _cpu_decode():
     return q, cache, cache.clone()
 
 
-@pytest.mark.parametrize("name", ["k", "v", "rotary_cos", "rotary_sin", "cu_seqlens_k_new", "rotary_seqlens",
-                                  "cache_leftpad"])
-def test_appending_is_not_implemented_yet(name):
+def test_left_padding_is_not_implemented_yet():
     q, k_cache, v_cache = _cpu_decode()
-    with pytest.raises(NotImplementedError, match=rf"flash_attn_with_kvcache\({name}=...\) is not implemented"):
-        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, **{name: torch.zeros(2)})
+    with pytest.raises(NotImplementedError, match=r"flash_attn_with_kvcache\(cache_leftpad=...\) is not implemented"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, cache_leftpad=torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"k": torch.zeros(2, 1, 2, 128)}, "k and v .* come together"),
+    ({"rotary_cos": torch.zeros(8, 32)}, "k and v .* come together"),
+    ({"rotary_seqlens": torch.zeros(2, dtype=torch.int32)}, "given without k and v"),
+])
+def test_append_arguments_come_together(given, message):
+    q, k_cache, v_cache = _cpu_decode()
+    with pytest.raises(ValueError, match=message):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, **given)
 
 
 @pytest.mark.parametrize("num_splits", [-1, 1.5, True])
@@ -151,6 +160,89 @@ def test_combine_merges_splits_as_fa3(out_dtype):
 def test_combine_checks_ranks():
     with pytest.raises(ValueError, match="out_partial.rank = 3"):
         flashhop.flash_attn_combine(torch.zeros(2, 3, 4), torch.zeros(2, 3))
+
+
+def _rotate(x, cos, sin, positions, interleaved):
+    """x (rows, heads, d) rotated at positions (rows,) with the first 2 * cos.shape[1] dims, in float."""
+    rotary_dim = 2 * cos.shape[1]
+    c, s_ = cos[positions].float()[:, None], sin[positions].float()[:, None]  # (rows, 1, rotary_dim / 2)
+    x = x.float()
+    head, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if interleaved:
+        x0, x1 = head[..., 0::2], head[..., 1::2]
+        rotated = torch.stack([x0 * c - x1 * s_, x0 * s_ + x1 * c], dim=-1).flatten(-2)
+    else:
+        x0, x1 = head[..., :rotary_dim // 2], head[..., rotary_dim // 2:]
+        rotated = torch.cat([x0 * c - x1 * s_, x0 * s_ + x1 * c], dim=-1)
+    return torch.cat([rotated, rest], dim=-1)
+
+
+@requires_hopper
+@pytest.mark.parametrize("page_size", [None, 1, 16])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_new", [1, 5])
+def test_append_with_rotary_matches_appending_and_rotating_first(page_size, interleaved, causal, seqlen_new):
+    """The new keys land in the cache rotated, values as they are, nothing else changes; the output
+    equals attention over the cache that PyTorch appended to and rotated first."""
+    batch, nheads, nheads_kv, d, rotary_dim = 3, 8, 2, 128, 64
+    keys = [700, 0, 33]
+    capacity = 1024
+    if page_size is None:
+        k_cache = torch.randn(batch + 1, capacity, nheads_kv, d, dtype=torch.bfloat16, device="cuda")
+        v_cache = torch.randn_like(k_cache)
+        table = None
+        batch_idx = torch.tensor([2, 0, 3], dtype=torch.int32, device="cuda")
+        row_of = lambda b, j: (int(batch_idx[b]), j)  # noqa: E731
+    else:
+        ks, vs, k_cache, v_cache, table = _paged([capacity] * batch, page_size, nheads_kv, d)
+        batch_idx = None
+        row_of = lambda b, j: (int(table[b, j // page_size]), j % page_size)  # noqa: E731
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    q = torch.randn(batch, seqlen_new, nheads, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(batch, seqlen_new, nheads_kv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    angles = torch.rand(2048, rotary_dim // 2, device="cuda") * 6.28
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    cache_seqlens = torch.tensor(keys, dtype=torch.int32, device="cuda")
+    out = skip_unless_built(flashhop.flash_attn_with_kvcache, q, k_cache, v_cache, k=k, v=v, rotary_cos=cos,
+                            rotary_sin=sin, cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx, page_table=table,
+                            causal=causal, rotary_interleaved=interleaved)
+    for b in range(batch):
+        positions = torch.arange(keys[b], keys[b] + seqlen_new, device="cuda")
+        k_rotated = _rotate(k[b], cos, sin, positions, interleaved).to(torch.bfloat16)
+        expected_k, expected_v = [], []
+        for j in range(keys[b] + seqlen_new):
+            page, row = row_of(b, j)
+            if j >= keys[b]:
+                torch.testing.assert_close(k_cache[page, row], k_rotated[j - keys[b]], atol=1e-2, rtol=1e-2)
+                assert torch.equal(v_cache[page, row], v[b, j - keys[b]])
+                k_before[page, row], v_before[page, row] = k_cache[page, row], v_cache[page, row]
+            expected_k.append(k_cache[page, row])
+            expected_v.append(v_cache[page, row])
+        q_positions = positions if causal else torch.full_like(positions, keys[b])
+        q_rotated = _rotate(q[b], cos, sin, q_positions, interleaved).to(torch.bfloat16)
+        expected = flashhop.flash_attn_func(q_rotated[None], torch.stack(expected_k)[None],
+                                            torch.stack(expected_v)[None], causal=causal)
+        torch.testing.assert_close(out[b], expected[0], atol=2e-2, rtol=2e-2)
+    # Nothing but the new rows changed.
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+
+
+@requires_hopper
+def test_append_past_the_cache_or_the_tables_is_named_and_writes_nothing():
+    k_cache = torch.zeros(2, 64, 2, 128, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 1, 2, 128, dtype=torch.bfloat16, device="cuda")
+    full = torch.tensor([64, 3], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="cache_seqlens \\+ the new rows reach 65 keys: expected <= 64"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=k, cache_seqlens=full)
+    cos = torch.ones(10, 32, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="rotary_cos.shape\\[0\\] \\(seqlen_ro\\) = 10: expected >= 41"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=k, rotary_cos=cos, rotary_sin=cos,
+                                         cache_seqlens=torch.tensor([40, 3], dtype=torch.int32, device="cuda"))
+    assert not k_cache.any() and not v_cache.any()
 
 
 @requires_hopper

@@ -102,6 +102,13 @@ Status launch_backward(const BackwardPlan& plan, cudaStream_t stream) {
   return launch_planned(kBackwardKernels, "backward", plan, stream);
 }
 
+Status launch_append_kv(const sm90::AppendKvParams& params, DType dtype, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16) return sm90::launch_append_kv<cutlass::bfloat16_t>(params, stream);
+  if (dtype == DType::kFloat16) return sm90::launch_append_kv<cutlass::half_t>(params, stream);
+  return {StatusCode::kInvalidArgument, std::string("k_cache.dtype = ") + dtype_name(dtype) +
+                                            ": expected float16 or bfloat16"};
+}
+
 Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream_t stream) {
   switch (dtype) {
     case DType::kBFloat16:

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "api/plan.h"
+#include "kernels/sm90/append_kv.h"
 #include "flashhop/flashhop.h"
 
 namespace flashhop::detail {
@@ -26,6 +27,9 @@ bool varlen_forward_kernel_compiled(DType dtype, int recipe);
 // The backward's kernels of plan.dtype and plan.recipe on `stream` (workspace bound); kNotSupported
 // when this build did not compile them.
 Status launch_backward(const BackwardPlan& plan, cudaStream_t stream);
+
+// The append kernel (flashhop::append_kv) for a cache of `dtype`.
+Status launch_append_kv(const sm90::AppendKvParams& params, DType dtype, cudaStream_t stream);
 
 // The combine kernel (flashhop::combine) with O of `dtype`.
 Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream_t stream);

@@ -331,4 +331,85 @@ Status combine(const CombineArgs& args, cudaStream_t stream) {
   return detail::launch_combine(p, args.out.dtype, stream);
 }
 
+Status append_kv(const AppendKvArgs& args, cudaStream_t stream) {
+  if (Status status = validate_append_kv(args); !status.ok()) return status;
+  const int device = args.k_cache.device;
+  if (Status status = check_current_device(device); !status.ok()) return status;
+  const auto data = [](const std::optional<TensorDesc>& t) { return t ? t->data : nullptr; };
+  const bool rows = args.k_new.shape[0] > 0, queries = args.q && args.q->shape[0] > 0;
+  const bool batch = args.cu_seqlens_new.shape[0] > 1;
+  if (Status status = check_device_memory(device, {{"k_cache.data", args.k_cache.data, rows},
+                                                   {"v_cache.data", args.v_cache.data, rows},
+                                                   {"page_table.data", args.page_table.data, rows},
+                                                   {"cache_seqlens.data", args.cache_seqlens.data, batch},
+                                                   {"k.data", args.k_new.data, rows},
+                                                   {"v.data", args.v_new.data, rows},
+                                                   {"cu_seqlens_new.data", args.cu_seqlens_new.data, true},
+                                                   {"rotary_cos.data", data(args.rotary_cos), args.rotary_cos.has_value()},
+                                                   {"rotary_sin.data", data(args.rotary_sin), args.rotary_sin.has_value()},
+                                                   {"rotary_seqlens.data", data(args.rotary_seqlens),
+                                                    args.rotary_seqlens.has_value() && batch},
+                                                   {"q.data", data(args.q), queries},
+                                                   {"q_rotated.data", data(args.q_rotated), queries},
+                                                   {"cu_seqlens_q.data", data(args.cu_seqlens_q), args.q.has_value()}});
+      !status.ok()) {
+    return status;
+  }
+  if (!batch || (!rows && !queries)) return Status::success();
+  if (Status status = check_compute_capability(device); !status.ok()) return status;
+  // The stride of a dimension of size 1 is never followed.
+  const auto stride = [](const TensorDesc& t, int d) { return t.shape[d] > 1 ? t.stride[d] : 0; };
+  sm90::AppendKvParams p;
+  p.k_cache = args.k_cache.data;
+  p.v_cache = args.v_cache.data;
+  p.k_page_stride = stride(args.k_cache, 0);
+  p.k_row_stride = stride(args.k_cache, 1);
+  p.k_head_stride = stride(args.k_cache, 2);
+  p.v_page_stride = stride(args.v_cache, 0);
+  p.v_row_stride = stride(args.v_cache, 1);
+  p.v_head_stride = stride(args.v_cache, 2);
+  p.num_pages = static_cast<int>(args.k_cache.shape[0]);
+  p.page_size = static_cast<int>(args.k_cache.shape[1]);
+  p.page_table = static_cast<const int*>(args.page_table.data);
+  p.page_table_stride = stride(args.page_table, 0);
+  p.max_pages = static_cast<int>(args.page_table.shape[1]);
+  p.cache_seqlens = static_cast<const int*>(args.cache_seqlens.data);
+  p.k_new = args.k_new.data;
+  p.v_new = args.v_new.data;
+  p.k_new_row_stride = stride(args.k_new, 0);
+  p.k_new_head_stride = stride(args.k_new, 1);
+  p.v_new_row_stride = stride(args.v_new, 0);
+  p.v_new_head_stride = stride(args.v_new, 1);
+  p.cu_seqlens_new = static_cast<const int*>(args.cu_seqlens_new.data);
+  p.batch = static_cast<int>(args.cu_seqlens_new.shape[0] - 1);
+  p.total_new = static_cast<int>(args.k_new.shape[0]);
+  p.nheads_kv = static_cast<int>(args.k_cache.shape[2]);
+  p.head_dim = static_cast<int>(args.k_cache.shape[3]);
+  p.head_dim_v = static_cast<int>(args.v_cache.shape[3]);
+  if (args.rotary_cos) {
+    p.rotary_cos = args.rotary_cos->data;
+    p.rotary_sin = args.rotary_sin->data;
+    p.rotary_cos_stride = stride(*args.rotary_cos, 0);
+    p.rotary_sin_stride = stride(*args.rotary_sin, 0);
+    p.seqlen_ro = static_cast<int>(args.rotary_cos->shape[0]);
+    p.rotary_dim = static_cast<int>(2 * args.rotary_cos->shape[1]);
+    p.rotary_interleaved = args.rotary_interleaved;
+    p.rotary_seqlens = static_cast<const int*>(data(args.rotary_seqlens));
+  }
+  if (args.q) {
+    p.q = args.q->data;
+    p.q_rotated = args.q_rotated->data;
+    p.q_row_stride = stride(*args.q, 0);
+    p.q_head_stride = stride(*args.q, 1);
+    p.q_rotated_row_stride = stride(*args.q_rotated, 0);
+    p.q_rotated_head_stride = stride(*args.q_rotated, 1);
+    p.cu_seqlens_q = static_cast<const int*>(args.cu_seqlens_q->data);
+    p.total_q = static_cast<int>(args.q->shape[0]);
+    p.nheads = static_cast<int>(args.q->shape[1]);
+    p.q_positions_advance = args.q_positions_advance;
+  }
+  const detail::ScopedRange range("append_kv", p);
+  return detail::launch_append_kv(p, args.k_cache.dtype, stream);
+}
+
 }  // namespace flashhop

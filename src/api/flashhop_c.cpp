@@ -169,6 +169,35 @@ flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* 
   });
 }
 
+flashhop_status_t flashhop_append_kv(const flashhop_append_kv_args_t* args, cudaStream_t stream) {
+  return guarded([&] {
+    if (args == nullptr) return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected append arguments"};
+    for (const auto& [name, value] : {std::pair{"rotary_interleaved", args->rotary_interleaved},
+                                      std::pair{"q_positions_advance", args->q_positions_advance}}) {
+      if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
+    }
+    flashhop::AppendKvArgs cpp_args;
+    cpp_args.k_cache = to_cpp(args->k_cache);
+    cpp_args.v_cache = to_cpp(args->v_cache);
+    cpp_args.page_table = to_cpp(args->page_table);
+    cpp_args.cache_seqlens = to_cpp(args->cache_seqlens);
+    cpp_args.k_new = to_cpp(args->k_new);
+    cpp_args.v_new = to_cpp(args->v_new);
+    cpp_args.cu_seqlens_new = to_cpp(args->cu_seqlens_new);
+    for (const auto& [tensor, field] : {std::pair{args->rotary_cos, &cpp_args.rotary_cos},
+                                        std::pair{args->rotary_sin, &cpp_args.rotary_sin},
+                                        std::pair{args->rotary_seqlens, &cpp_args.rotary_seqlens},
+                                        std::pair{args->q, &cpp_args.q},
+                                        std::pair{args->q_rotated, &cpp_args.q_rotated},
+                                        std::pair{args->cu_seqlens_q, &cpp_args.cu_seqlens_q}}) {
+      if (tensor != nullptr) *field = to_cpp(*tensor);
+    }
+    cpp_args.rotary_interleaved = args->rotary_interleaved == 1;
+    cpp_args.q_positions_advance = args->q_positions_advance == 1;
+    return flashhop::append_kv(cpp_args, stream);
+  });
+}
+
 flashhop_status_t flashhop_combine(const flashhop_combine_args_t* args, cudaStream_t stream) {
   return guarded([&] {
     if (args == nullptr) return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected combine arguments"};

@@ -2,7 +2,7 @@
 // range per call of forward, backward and their workspace queries (the C API calls them), in the domain
 // "flashhop", named by the planned configuration, e.g.
 //   forward bf16 hdim128_local_wide b2 sq4096 sk4096 h32/8 causal
-// (and one per call of combine, named by its shape)
+// (and one per call of append_kv and combine, named by their shapes)
 // NVTX3 is header-only: a profiler sets NVTX_INJECTION64_PATH, and the first NVTX call of the
 // process loads that library. Without one, creating the domain answers null and a range costs a
 // branch: its name is built only where a tool is attached.
@@ -14,6 +14,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "api/plan.h"
+#include "kernels/sm90/append_kv.h"
 #include "flashhop/flashhop.h"
 
 namespace flashhop::detail {
@@ -51,6 +52,13 @@ inline std::string range_name(const char* entry, const ForwardPlan& plan) {
   const int splits = plan.params.num_splits;
   return range_name(entry, plan.dtype, plan.recipe_of().name, plan.recipe_of().local(), plan.params) +
          (splits > 1 ? " splits" + std::to_string(splits) : "");
+}
+
+// "append_kv rows4 h8 d128 rotary64 queries4"
+inline std::string range_name(const char* entry, const sm90::AppendKvParams& p) {
+  return std::string(entry) + " rows" + std::to_string(p.total_new) + " h" + std::to_string(p.nheads_kv) + " d" +
+         std::to_string(p.head_dim) + (p.rotary_cos ? " rotary" + std::to_string(p.rotary_dim) : "") +
+         (p.q ? " queries" + std::to_string(p.total_q) : "");
 }
 
 // "combine splits4 rows8 h32 dv128"

@@ -740,4 +740,125 @@ Status validate_combine(const CombineArgs& args) {
   return checks.status();
 }
 
+namespace {
+
+constexpr const char* kCacheKDims[] = {"num_pages", "page_size", "nheads_kv", "head_dim"};
+constexpr const char* kCacheVDims[] = {"num_pages", "page_size", "nheads_kv", "head_dim_v"};
+constexpr const char* kNewKDims[] = {"total_new", "nheads_kv", "head_dim"};
+constexpr const char* kNewVDims[] = {"total_new", "nheads_kv", "head_dim_v"};
+constexpr const char* kAppendPageTableDims[] = {"batch", "max_pages"};
+constexpr const char* kBatchDims[] = {"batch"};
+constexpr const char* kCuDims[] = {"batch + 1"};
+constexpr const char* kRotaryDims[] = {"seqlen_ro", "rotary_dim / 2"};
+constexpr const char* kAppendQDims[] = {"total_q", "nheads", "head_dim"};
+
+// `t.shape[0]` must be the batch: cu_seqlens_new.shape[0] - 1 (plus `extra`).
+Status check_append_batch(const Operand& t, const Operand& cu_seqlens_new, int extra = 0) {
+  if (t.dim(0) != cu_seqlens_new.dim(0) - 1 + extra) {
+    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", cu_seqlens_new.dim(0) - 1 + extra,
+                   extra ? " (cu_seqlens_new.shape[0])" : " (cu_seqlens_new.shape[0] - 1)");
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Status validate_append_kv(const AppendKvArgs& args) {
+  const Operand k_cache{"k_cache", args.k_cache, kCacheKDims, 4};
+  const Operand v_cache{"v_cache", args.v_cache, kCacheVDims, 4};
+  const Operand page_table{"page_table", args.page_table, kAppendPageTableDims, 2};
+  const Operand cache_seqlens{"cache_seqlens", args.cache_seqlens, kBatchDims, 1};
+  const Operand k_new{"k", args.k_new, kNewKDims, 3};
+  const Operand v_new{"v", args.v_new, kNewVDims, 3};
+  const Operand cu_seqlens_new{"cu_seqlens_new", args.cu_seqlens_new, kCuDims, 1};
+  std::optional<Operand> cos, sin, rotary_seqlens, q, q_rotated, cu_seqlens_q;
+  if (args.rotary_cos) cos.emplace(Operand{"rotary_cos", *args.rotary_cos, kRotaryDims, 2});
+  if (args.rotary_sin) sin.emplace(Operand{"rotary_sin", *args.rotary_sin, kRotaryDims, 2});
+  if (args.rotary_seqlens) rotary_seqlens.emplace(Operand{"rotary_seqlens", *args.rotary_seqlens, kBatchDims, 1});
+  if (args.q) q.emplace(Operand{"q", *args.q, kAppendQDims, 3});
+  if (args.q_rotated) q_rotated.emplace(Operand{"q_rotated", *args.q_rotated, kAppendQDims, 3});
+  if (args.cu_seqlens_q) cu_seqlens_q.emplace(Operand{"cu_seqlens_q", *args.cu_seqlens_q, kCuDims, 1});
+
+  if (cos.has_value() != sin.has_value()) {
+    return invalid(cos ? "rotary_sin = none with rotary_cos given" : "rotary_cos = none with rotary_sin given",
+                   ": expected both tables or neither");
+  }
+  if (q.has_value() != q_rotated.has_value() || q.has_value() != cu_seqlens_q.has_value()) {
+    return invalid("q, q_rotated and cu_seqlens_q: expected all three or none");
+  }
+  if (q && !cos) return invalid("q is given without rotary_cos and rotary_sin: expected q only with the rotary embedding");
+  if (rotary_seqlens && !cos) return invalid("rotary_seqlens is given without rotary_cos and rotary_sin: expected it only with them");
+
+  std::vector<const Operand*> all = {&k_cache, &v_cache, &page_table, &cache_seqlens, &k_new, &v_new, &cu_seqlens_new};
+  for (const std::optional<Operand>* t : {&cos, &sin, &rotary_seqlens, &q, &q_rotated, &cu_seqlens_q}) {
+    if (t->has_value()) all.push_back(&**t);
+  }
+  FirstError checks;
+  for (const Operand* t : all) checks << check_rank(*t);
+  if (!checks.status().ok()) return checks.status();
+  if (k_cache.desc.dtype != DType::kBFloat16 && k_cache.desc.dtype != DType::kFloat16) {
+    return invalid("k_cache.dtype = ", dtype_name(k_cache.desc.dtype), ": expected float16 or bfloat16");
+  }
+  for (const Operand* t : all) {
+    const bool index = t == &page_table || t == &cache_seqlens || t == &cu_seqlens_new ||
+                       (rotary_seqlens && t == &*rotary_seqlens) || (cu_seqlens_q && t == &*cu_seqlens_q);
+    checks << (index ? check_dtype(*t, DType::kInt32, "an index tensor")
+                     : check_dtype(*t, k_cache.desc.dtype, "the dtype of k_cache"));
+  }
+  if (!checks.status().ok()) return checks.status();
+
+  for (const Operand* t : all) checks << check_nonnegative_dims(*t);
+  checks << check_dim_at_least_one(cu_seqlens_new, 0) << check_dim_at_least_one(k_cache, 0)
+         << check_dim_at_least_one(k_cache, 1) << check_dim_at_least_one(k_cache, 2)
+         << check_dim_at_least_one(k_cache, 3) << check_dim_at_least_one(page_table, 1);
+  for (int d = 0; d < 3; ++d) checks << check_dim_matches(v_cache, d, k_cache, d);
+  checks << check_dim_matches(k_new, 1, k_cache, 2) << check_dim_matches(k_new, 2, k_cache, 3)
+         << check_dim_matches(v_new, 0, k_new, 0) << check_dim_matches(v_new, 1, k_cache, 2)
+         << check_dim_matches(v_new, 2, v_cache, 3);
+  checks << check_append_batch(page_table, cu_seqlens_new) << check_append_batch(cache_seqlens, cu_seqlens_new);
+  if (rotary_seqlens) checks << check_append_batch(*rotary_seqlens, cu_seqlens_new);
+  if (cos) {
+    checks << check_dim_matches(*sin, 0, *cos, 0) << check_dim_matches(*sin, 1, *cos, 1)
+           << check_dim_at_least_one(*cos, 1);
+    if (2 * cos->dim(1) > k_cache.dim(3)) {
+      checks << invalid(dim_label(*cos, 1), " = ", cos->dim(1), ": expected rotary_dim = 2 x it <= head_dim (",
+                        k_cache.dim(3), ")");
+    }
+  }
+  if (q) {
+    checks << check_dim_matches(*q, 2, k_cache, 3) << check_append_batch(*cu_seqlens_q, cu_seqlens_new, 1);
+    for (int d = 0; d < 3; ++d) checks << check_dim_matches(*q_rotated, d, *q, d);
+    if (q->dim(1) % k_cache.dim(2) != 0) {
+      checks << invalid(dim_label(*q, 1), " = ", q->dim(1), ": expected a multiple of k_cache.shape[2] (nheads_kv) = ",
+                        k_cache.dim(2));
+    }
+  }
+  for (const Operand* t : all) {
+    for (int d = 0; d < t->expected_rank; ++d) checks << check_dim_fits_int32(*t, d);
+  }
+  if (!checks.status().ok()) return checks.status();
+  if (page_table.dim(1) * k_cache.dim(1) > kMaxInt32) {
+    return invalid(dim_label(page_table, 1), " * ", dim_label(k_cache, 1), " = ", page_table.dim(1) * k_cache.dim(1),
+                   ": expected <= ", kMaxInt32, " keys per sequence");
+  }
+
+  for (const Operand* t : all) {
+    const auto element = static_cast<std::int64_t>(dtype_size(t->desc.dtype));
+    checks << check_strides(*t, element, std::nullopt) << check_data(*t, element);
+    if (t->desc.device != k_cache.desc.device) {
+      checks << invalid(t->name, ".device = ", t->desc.device, ": expected ", k_cache.desc.device, " (k_cache.device)");
+    }
+  }
+  std::vector<const Operand*> written = {&k_cache, &v_cache};
+  if (q_rotated) written.push_back(&*q_rotated);
+  // k_cache and v_cache may be interleaved views of one buffer (their elements never alias).
+  for (const Operand* output : written) {
+    for (const Operand* other : all) {
+      const bool caches = (output == &k_cache && other == &v_cache) || (output == &v_cache && other == &k_cache);
+      if (other != output && !caches) checks << check_no_overlap(*output, *other);
+    }
+  }
+  return checks.status();
+}
+
 }  // namespace flashhop
