@@ -277,3 +277,16 @@ def test_varlen_queries_over_a_paged_cache():
             continue
         expected = flashhop.flash_attn_func(q[None, rows], ks[b][None], vs[b][None], causal=True)
         torch.testing.assert_close(out[rows], expected[0], atol=1e-2, rtol=1e-2)
+
+
+@requires_hopper
+def test_readme_serving_loop_runs():
+    """The README's serving loop, as written: 500 prompt tokens and 32 decode steps per sequence."""
+    import pathlib
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("Serving from a paged KV cache"):]
+    code = section[section.index("```python") + len("```python"):section.index("```\n", section.index("```python") + 9)]
+    scope = {}
+    skip_unless_built(exec, code, scope)
+    assert scope["cache_seqlens"].tolist() == [532] * 4
+    assert torch.isfinite(scope["out"].float()).all()
