@@ -17,6 +17,9 @@ query / 16 KV heads: flashhop's flash_attn_varlen_func and FA3's, and flashhop's
 flash_attn_func on the same total tokens as sequences of 4096 (the fixed-length grid's cell),
 TFLOP/s counting 2 * 2 * h * d * (L^2 / 2) per causal sequence of L tokens, as flashhop-bench.
 
+Also flashhop's step with the token's key and value appended to the contiguous cache and rotated
+(flashhop_append: rotary tables of d / 2 columns, causal), against the plain step.
+
 Each peer's output is compared with flashhop's (largest absolute difference printed). --json FILE
 keeps the results.
 """
@@ -118,6 +121,14 @@ def decode_cell(batch, seqlen, pages, args, generator):
         print(f"  {name}: {ms * 1e3:.1f} us, {row[name]['kv_tbps']:.2f} TB/s")
 
     run("flashhop", lambda: flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens))
+    # The same step with the token's key and value appended (at the cache's last row) and rotated.
+    k_new, v_new = (torch.randn(batch, 1, NHEADS_KV, HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    angles = torch.rand(seqlen, HEAD_DIM // 2, device="cuda")
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    before = cache_seqlens - 1
+    run("flashhop_append", lambda: flashhop.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before, causal=True))
+    del cos, sin, angles
     for page in pages:
         k_pages, v_pages, table = paged_cache(k_cache, v_cache, page, generator)
         run(f"flashhop_page{page}", lambda: flashhop.flash_attn_with_kvcache(
@@ -134,7 +145,7 @@ def decode_cell(batch, seqlen, pages, args, generator):
     run("cudnn", cudnn)
     if "flashhop" in outputs:
         for name, out in outputs.items():
-            if name != "flashhop":
+            if name not in ("flashhop", "flashhop_append"):
                 row[name]["max_diff"] = (out - outputs["flashhop"]).abs().max().item()
     return row
 
@@ -199,7 +210,7 @@ def main():
         print(f"decode {batch} x {seqlen}")
         rows.append(decode_cell(batch, seqlen, pages, args, generator))
         torch.cuda.empty_cache()
-    names = ["flashhop"] + [f"flashhop_page{p}" for p in pages] + ["fa3", "cudnn"]
+    names = ["flashhop", "flashhop_append"] + [f"flashhop_page{p}" for p in pages] + ["fa3", "cudnn"]
     print("\n| batch x keys | " + " | ".join(names) + " | flashhop / copy | flashhop / best peer |")
     print("|---" * (len(names) + 3) + "|")
     for row in rows:
