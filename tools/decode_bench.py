@@ -121,14 +121,6 @@ def decode_cell(batch, seqlen, pages, args, generator):
         print(f"  {name}: {ms * 1e3:.1f} us, {row[name]['kv_tbps']:.2f} TB/s")
 
     run("flashhop", lambda: flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens))
-    # The same step with the token's key and value appended (at the cache's last row) and rotated.
-    k_new, v_new = (torch.randn(batch, 1, NHEADS_KV, HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    angles = torch.rand(seqlen, HEAD_DIM // 2, device="cuda")
-    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
-    before = cache_seqlens - 1
-    run("flashhop_append", lambda: flashhop.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before, causal=True))
-    del cos, sin, angles
     for page in pages:
         k_pages, v_pages, table = paged_cache(k_cache, v_cache, page, generator)
         run(f"flashhop_page{page}", lambda: flashhop.flash_attn_with_kvcache(
@@ -143,6 +135,14 @@ def decode_cell(batch, seqlen, pages, args, generator):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa, enable_gqa=True).transpose(1, 2)
     run("cudnn", cudnn)
+    # Last, as it writes the cache's last row: the same step with the token's key and value appended (at the cache's last row) and rotated.
+    k_new, v_new = (torch.randn(batch, 1, NHEADS_KV, HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    angles = torch.rand(seqlen, HEAD_DIM // 2, device="cuda")
+    cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+    before = cache_seqlens - 1
+    run("flashhop_append", lambda: flashhop.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=before, causal=True))
+    del cos, sin, angles
     if "flashhop" in outputs:
         for name, out in outputs.items():
             if name not in ("flashhop", "flashhop_append"):
