@@ -135,7 +135,8 @@ def decode_cell(batch, seqlen, pages, args, generator):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q_sdpa, k_sdpa, v_sdpa, enable_gqa=True).transpose(1, 2)
     run("cudnn", cudnn)
-    # Last, as it writes the cache's last row: the same step with the token's key and value appended (at the cache's last row) and rotated.
+    # Last, as it writes the cache's last row: the same step with the token's key and value
+    # appended there and rotated.
     k_new, v_new = (torch.randn(batch, 1, NHEADS_KV, HEAD_DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     angles = torch.rand(seqlen, HEAD_DIM // 2, device="cuda")
     cos, sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
