@@ -213,6 +213,8 @@ const InvalidCase kInvalidCases[] = {
        a.lse->data = shifted(a.q.data, std::int64_t{1} << 43);
      },
      kInvalid, {"pack_gqa = on: seqlen_q * nheads / nheads_kv = 2147483648", "expected <= 2147418111"}},
+    {"leftpad_k_fixed_length", [](ForwardArgs& a) { a.leftpad_k = flashhop::make_contiguous(a.q.data, DType::kInt32, {2}); },
+     kNotSupported, {"leftpad_k is given without cu_seqlens_q"}},
     // splits by keys: variable-length and paged calls only
     {"num_splits_negative", [](ForwardArgs& a) { a.num_splits = -1; }, kInvalid,
      {"num_splits = -1", "expected 0 (the library chooses) to 256"}},
@@ -921,6 +923,10 @@ const InvalidCase kInvalidVarlenCases[] = {
      kNotSupported, {"q.shape[2] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
     {"head_dim_v_64", [](ForwardArgs& a) { a.v.shape[2] = a.o.shape[2] = 64; }, kNotSupported,
      {"v.shape[2] (head_dim_v) = 64", "expected head_dim (128)"}},
+    {"leftpad_k_batch", [](ForwardArgs& a) { a.leftpad_k = flashhop::make_contiguous(a.seqused_k->data, DType::kInt32, {4}); },
+     kInvalid, {"leftpad_k.shape[0] (batch) = 4", "expected 3"}},
+    {"leftpad_k_dtype", [](ForwardArgs& a) { a.leftpad_k = flashhop::make_contiguous(a.seqused_k->data, DType::kFloat32, {3}); },
+     kInvalid, {"leftpad_k.dtype = float32", "int32"}},
     {"num_splits_past_the_most", [](ForwardArgs& a) { a.num_splits = 300; }, kInvalid,
      {"num_splits = 300", "expected 0 (the library chooses) to 256"}},
     {"num_splits_past_the_tile_count",
@@ -1112,6 +1118,9 @@ TEST_P(InvalidPagedArguments, RejectedWithCodeAndNamedArgument) {
 }
 
 const InvalidCase kInvalidPagedCases[] = {
+    {"leftpad_k_over_pages",
+     [](ForwardArgs& a) { a.leftpad_k = flashhop::make_contiguous(a.seqused_q->data, DType::kInt32, {3}); }, kNotSupported,
+     {"leftpad_k with page_table.shape[1] (max_pages) = 20", "expected one page per sequence"}},
     // which fields come together
     {"without_cu_seqlens_q", [](ForwardArgs& a) { a.cu_seqlens_q.reset(); }, kNotSupported,
      {"cu_seqlens_q = none with page_table given"}},

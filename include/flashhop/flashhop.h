@@ -134,6 +134,11 @@ struct ForwardArgs {
   // contiguous; with cu_seqlens_q and seqused_k, without cu_seqlens_k. max_seqlen_k bounds the
   // sequences' keys as with cu_seqlens_k.
   std::optional<TensorDesc> page_table;
+  // Left padding of the keys, as FlashAttention-3's cache_leftpad: contiguous int32 (batch); sequence
+  // b's keys start leftpad_k[b] rows into its slot (its pages, or its rows of the packed K and V), and
+  // run to the slot's seqused_k[b] (or its end): seqused_k - leftpad_k keys. With cu_seqlens_k, or
+  // with a page table of one page per sequence (a contiguous cache).
+  std::optional<TensorDesc> leftpad_k;
   // Splits by keys of each query tile of a variable-length or paged call, as FlashAttention-3's
   // num_splits: 0 lets the library choose (it splits batches of fewer query tiles than the
   // device's SMs, such as decoding, about as many ways as fill the SMs, each split at least 4 key

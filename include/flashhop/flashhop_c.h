@@ -61,6 +61,7 @@ typedef struct {
   /* A paged KV cache: k and v (num_pages, page_size, nheads_kv, d); with cu_seqlens_q and seqused_k. */
   const flashhop_tensor_t* page_table; /* NULL, or int32 (batch, max_pages) */
   int num_splits; /* splits by keys of a variable-length or paged call: 0 chosen, 1 none, n <= 256 */
+  const flashhop_tensor_t* leftpad_k; /* NULL, or int32 (batch): each sequence's first key row */
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

@@ -161,12 +161,12 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_save_fo
 def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
               cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-              softcap: float, pack_gqa: Optional[bool] = None,
-              num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+              softcap: float, pack_gqa: Optional[bool] = None, num_splits: int = 0,
+              leftpad_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashhop::varlen_fwd's queries over a paged KV cache: k_cache and v_cache (num_pages,
     page_size, nheads_kv, head_dim[_v]); key j of sequence b is row j % page_size of page
-    page_table[b, j // page_size], and sequence b has seqused_k[b] keys. num_splits: splits by keys
-    (0: the library chooses). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q)."""
+    page_table[b, j // page_size], and sequence b has seqused_k[b] keys (from row leftpad_k[b] on,
+    where given: one page per sequence). num_splits: splits by keys (0: the library chooses). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q)."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
                ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k))
     for name, tensor in tensors:
@@ -179,13 +179,14 @@ def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
     with torch.cuda.device(q.device):
         _c_api.varlen_forward(q, k_cache, v_cache, cu_seqlens_q, None, None, seqused_k, max_seqlen_q, max_seqlen_k,
                               out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa,
-                              page_table=page_table, num_splits=num_splits)
+                              page_table=page_table, num_splits=num_splits, leftpad_k=leftpad_k)
     return out, lse
 
 
 @paged_fwd.register_fake
 def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, num_splits=0):
+                    softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, num_splits=0,
+                    leftpad_k=None):
     return _empty_varlen_outputs(q, v_cache[0])
 
 

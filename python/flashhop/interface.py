@@ -116,13 +116,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     small for the new rows, or tables shorter than the positions, raise ValueError and write
     nothing (the check reads the positions back, one synchronisation); under capture the kernel
     leaves such rows out of the cache and unrotated.
-    cache_leftpad is not implemented yet and raises NotImplementedError.
+    cache_leftpad: int32 (batch), contiguous caches only: sequence b's keys are rows
+    cache_leftpad[b] .. cache_seqlens[b] of its cache entry (positions stay the rows').
     Returns out in q's layout with head_dim_v, and with return_softmax_lse also softmax_lse in
     float32: (batch, nheads, seqlen_q), or (nheads, total_q) with cu_seqlens_q.
     """
-    if cache_leftpad is not None:
-        raise NotImplementedError("flashhop: flash_attn_with_kvcache(cache_leftpad=...) is not implemented yet: "
-                                  "caches whose sequences start past row 0 are to come")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"flashhop: num_splits = {num_splits!r}: expected an int >= 0 (0: the kernels choose)")
     window_left, window_right = _window(window_size, causal)
@@ -165,6 +163,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if cache_batch_idx is not None:
             raise ValueError("flashhop: cache_batch_idx is given with page_table: expected one of them (the page "
                              "table names each sequence's pages)")
+        if cache_leftpad is not None:
+            raise NotImplementedError("flashhop: cache_leftpad is given with page_table: left padding applies to "
+                                      "contiguous caches only, as FlashAttention-3's")
         table = page_table
     capacity = table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
@@ -185,7 +186,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          "only with new keys and values")
     out, softmax_lse = torch.ops.flashhop.paged_fwd(queries, k_cache, v_cache, table, cu_seqlens, keys,
                                                     max(bound_q, 1), max(capacity, 1), softmax_scale, causal,
-                                                    window_left, window_right, softcap, pack_gqa, num_splits)
+                                                    window_left, window_right, softcap, pack_gqa, num_splits,
+                                                    cache_leftpad)
     if cu_seqlens_q is None:
         out = out.view(batch, q.shape[1], q.shape[2], out.shape[2])
         softmax_lse = softmax_lse.view(q.shape[2], batch, q.shape[1]).permute(1, 0, 2)

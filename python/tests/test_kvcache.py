@@ -17,10 +17,11 @@ def _cpu_decode():
     return q, cache, cache.clone()
 
 
-def test_left_padding_is_not_implemented_yet():
+def test_left_padding_of_paged_caches_is_not_supported():
     q, k_cache, v_cache = _cpu_decode()
-    with pytest.raises(NotImplementedError, match=r"flash_attn_with_kvcache\(cache_leftpad=...\) is not implemented"):
-        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, cache_leftpad=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="cache_leftpad is given with page_table"):
+        flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, cache_leftpad=torch.zeros(2, dtype=torch.int32),
+                                         page_table=torch.zeros(2, 1, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("given, message", [
@@ -243,6 +244,42 @@ def test_append_past_the_cache_or_the_tables_is_named_and_writes_nothing():
         flashhop.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=k, rotary_cos=cos, rotary_sin=cos,
                                          cache_seqlens=torch.tensor([40, 3], dtype=torch.int32, device="cuda"))
     assert not k_cache.any() and not v_cache.any()
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("append", [False, True])
+def test_left_padded_cache(causal, append):
+    """Sequence b's keys are rows leftpad[b] .. cache_seqlens[b] of its entry; new rows go after them,
+    rotated at their rows' positions."""
+    cache_k = torch.randn(3, 512, 2, 128, dtype=torch.bfloat16, device="cuda")
+    cache_v = torch.randn_like(cache_k)
+    leftpad, ends = [0, 37, 500], [300, 200, 510]
+    q = torch.randn(3, 2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    options = {}
+    if append:
+        k, v = (torch.randn(3, 2, 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        angles = torch.rand(1024, 32, device="cuda")
+        options = dict(k=k, v=v, rotary_cos=angles.cos().bfloat16(), rotary_sin=angles.sin().bfloat16())
+    expected_k, expected_v = cache_k.clone(), cache_v.clone()
+    out = skip_unless_built(flashhop.flash_attn_with_kvcache, q, cache_k, cache_v,
+                            cache_seqlens=torch.tensor(ends, dtype=torch.int32, device="cuda"),
+                            cache_leftpad=torch.tensor(leftpad, dtype=torch.int32, device="cuda"), causal=causal,
+                            **options)
+    for b in range(3):
+        end = ends[b] + (2 if append else 0)
+        q_b = q[b]
+        if append:
+            positions = torch.arange(ends[b], ends[b] + 2, device="cuda")
+            cos, sin = options["rotary_cos"], options["rotary_sin"]
+            expected_k[b, ends[b]:end] = _rotate(k[b], cos, sin, positions, True).bfloat16()
+            expected_v[b, ends[b]:end] = v[b]
+            q_positions = positions if causal else torch.full_like(positions, ends[b])
+            q_b = _rotate(q[b], cos, sin, q_positions, True).bfloat16()
+        expected = flashhop.flash_attn_func(q_b[None], expected_k[b:b + 1, leftpad[b]:end],
+                                            expected_v[b:b + 1, leftpad[b]:end], causal=causal)
+        torch.testing.assert_close(out[b], expected[0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(cache_k, expected_k, atol=1e-2, rtol=1e-2)
 
 
 @requires_hopper

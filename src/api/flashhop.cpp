@@ -226,7 +226,9 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
                                                             {"seqused_q.data", varlen.seqused_q,
                                                              varlen.seqused_q != nullptr && varlen.batch > 0},
                                                             {"seqused_k.data", varlen.seqused_k,
-                                                             varlen.seqused_k != nullptr && varlen.batch > 0}});
+                                                             varlen.seqused_k != nullptr && varlen.batch > 0},
+                                                            {"leftpad_k.data", varlen.leftpad_k,
+                                                             varlen.leftpad_k != nullptr && varlen.batch > 0}});
         !status.ok()) {
       return status;
     }

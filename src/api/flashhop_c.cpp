@@ -109,7 +109,8 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
                                       std::pair{args->cu_seqlens_k, &out->cu_seqlens_k},
                                       std::pair{args->seqused_q, &out->seqused_q},
                                       std::pair{args->seqused_k, &out->seqused_k},
-                                      std::pair{args->page_table, &out->page_table}}) {
+                                      std::pair{args->page_table, &out->page_table},
+                                      std::pair{args->leftpad_k, &out->leftpad_k}}) {
     if (tensor != nullptr) *field = to_cpp(*tensor);
   }
   out->max_seqlen_q = args->max_seqlen_q;

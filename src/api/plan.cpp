@@ -174,6 +174,7 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   as_fixed.o = as_one_batch(args.o);
   if (args.lse) as_fixed.lse = as_one_batch(*args.lse);
   as_fixed.cu_seqlens_q = as_fixed.cu_seqlens_k = as_fixed.seqused_q = as_fixed.seqused_k = std::nullopt;
+  as_fixed.leftpad_k = std::nullopt;
   as_fixed.page_table = std::nullopt;
 
   VarlenPlan varlen;
@@ -186,6 +187,7 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   varlen.cu_seqlens_k = int_data(args.cu_seqlens_k);
   varlen.seqused_q = int_data(args.seqused_q);
   varlen.seqused_k = int_data(args.seqused_k);
+  varlen.leftpad_k = int_data(args.leftpad_k);
   // The recipe and options as for `batch` sequences of max_seqlen_q queries and max_seqlen_k keys.
   as_fixed.q.shape[0] = as_fixed.k.shape[0] = as_fixed.v.shape[0] = as_fixed.o.shape[0] = varlen.batch;
   as_fixed.q.shape[1] = as_fixed.o.shape[1] = varlen.max_seqlen_q;
@@ -242,6 +244,7 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   p.cu_seqlens_k = varlen.cu_seqlens_k;
   p.seqused_q = varlen.seqused_q;
   p.seqused_k = varlen.seqused_k;
+  p.leftpad_k = varlen.leftpad_k;
   p.total_q = static_cast<int>(varlen.total_q);
   p.total_k = static_cast<int>(varlen.total_k);
 

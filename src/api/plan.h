@@ -36,6 +36,7 @@ struct VarlenPlan {
   const int* cu_seqlens_k = nullptr;
   const int* seqused_q = nullptr;          // device (batch); null where not given
   const int* seqused_k = nullptr;
+  const int* leftpad_k = nullptr;          // device (batch); null where not given
   // Query tiles of the planned recipe, bounded: batch * ceil(tile rows of max_seqlen_q / block_m) *
   // tile heads (query_rows.h), before splits by keys (params.num_splits).
   std::int64_t num_tiles_bound = 0;

@@ -345,6 +345,10 @@ Status check_varlen_fields(const ForwardArgs& args) {
                 "supported)");
   }
   if (args.cu_seqlens_q) return Status::success();
+  if (args.leftpad_k) {
+    return fail(StatusCode::kNotSupported, "leftpad_k is given without cu_seqlens_q: expected it only with a "
+                "variable-length batch or a KV cache");
+  }
   if (args.seqused_q || args.seqused_k) {
     return fail(StatusCode::kNotSupported, args.seqused_q ? "seqused_q" : "seqused_k",
                 " is given without cu_seqlens_q and cu_seqlens_k: expected only with them (the fixed-length "
@@ -405,14 +409,15 @@ Status validate_varlen_forward(const ForwardArgs& args) {
   const Operand v{"v", args.v, paged ? kPagedVDims : kVarlenVDims, kv_rank};
   const Operand o{"o", args.o, kVarlenODims, 3};
   const Operand cu_seqlens_q{"cu_seqlens_q", *args.cu_seqlens_q, kCuSeqlensDims, 1};
-  std::optional<Operand> lse, seqused_q, seqused_k, cu_seqlens_k, page_table;
+  std::optional<Operand> lse, seqused_q, seqused_k, cu_seqlens_k, page_table, leftpad_k;
   if (args.lse) lse.emplace(Operand{"lse", *args.lse, kVarlenLseDims, 2});
   if (args.seqused_q) seqused_q.emplace(Operand{"seqused_q", *args.seqused_q, kSequsedDims, 1});
   if (args.seqused_k) seqused_k.emplace(Operand{"seqused_k", *args.seqused_k, kSequsedDims, 1});
+  if (args.leftpad_k) leftpad_k.emplace(Operand{"leftpad_k", *args.leftpad_k, kSequsedDims, 1});
   if (args.cu_seqlens_k) cu_seqlens_k.emplace(Operand{"cu_seqlens_k", *args.cu_seqlens_k, kCuSeqlensDims, 1});
   if (paged) page_table.emplace(Operand{"page_table", *args.page_table, kPageTableDims, 2});
   std::vector<const Operand*> indices = {&cu_seqlens_q};
-  for (const std::optional<Operand>* t : {&cu_seqlens_k, &seqused_q, &seqused_k, &page_table}) {
+  for (const std::optional<Operand>* t : {&cu_seqlens_k, &seqused_q, &seqused_k, &page_table, &leftpad_k}) {
     if (*t) indices.push_back(&**t);
   }
 
@@ -440,6 +445,7 @@ Status validate_varlen_forward(const ForwardArgs& args) {
   if (cu_seqlens_k) checks << check_dim_matches(*cu_seqlens_k, 0, cu_seqlens_q, 0);
   if (seqused_q) checks << check_batch_matches(*seqused_q, cu_seqlens_q);
   if (seqused_k) checks << check_batch_matches(*seqused_k, cu_seqlens_q);
+  if (leftpad_k) checks << check_batch_matches(*leftpad_k, cu_seqlens_q);
   if (page_table) {
     checks << check_batch_matches(*page_table, cu_seqlens_q) << check_dim_at_least_one(*page_table, 1)
            << check_dim_at_least_one(k, 0) << check_dim_at_least_one(k, 1) << check_dim_fits_int32(*page_table, 1);
@@ -455,6 +461,11 @@ Status validate_varlen_forward(const ForwardArgs& args) {
                    ") must be a multiple of it");
   }
   if (paged) {
+    if (leftpad_k && page_table->dim(1) != 1) {
+      return fail(StatusCode::kNotSupported, "leftpad_k with ", dim_label(*page_table, 1), " = ", page_table->dim(1),
+                  ": expected one page per sequence (a contiguous cache); a sequence's keys may not start past "
+                  "row 0 of paged caches");
+    }
     if (Status status = check_page_size(k, v); !status.ok()) return status;
   }
   // Each sequence's keys: at most total_k rows, or its pages' capacity.

@@ -136,7 +136,8 @@ struct ForwardKernel {
   }
 
   static VarlenSequences sequences_of(ForwardParams const& p) {
-    return {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.total_q, p.total_k, p.seqlen_q, p.seqlen_k};
+    return {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, p.leftpad_k,
+            p.total_q,      p.total_k,      p.seqlen_q,  p.seqlen_k};
   }
 
   static int num_m_blocks(ForwardParams const& p) {

@@ -26,9 +26,9 @@ namespace flashhop::sm90 {
 // softcap_per_kernel; launch_forward picks by the call's softcap).
 enum class SoftcapChoice : std::uint8_t { kAtRunTime, kNone, kSoftcap };
 
-// The first rows of a tile's sequence in the packed Q and K / V of a variable-length batch (0 for
-// fixed-length batches, whose TMA coordinates name the batch entry instead), and its keys (read
-// from a paged KV cache only).
+// The first rows of a tile's sequence in the packed Q and K / V of a variable-length batch, or in
+// its pages of a paged KV cache (0 for fixed-length batches, whose TMA coordinates name the batch
+// entry instead), and its keys (read from a paged KV cache only).
 struct RowOffsets {
   int q = 0, k = 0;
   int keys = 0;
@@ -394,12 +394,11 @@ struct ForwardMainloop {
         load_tile(params, smem, q_full, m_block, head, batch, blocks, wait_q_free, offsets, [&](int n_block) {
           pipeline_k.producer_acquire(write);
           load_pages<SmemLayoutK, kChunkK, kHeadDim>(params.paged, params.paged.k, pipeline_k.producer_get_barrier(write),
-                                                     smem.k.data(), write.index(), n_block, batch, head_kv,
-                                                     offsets.keys);
+                                                     smem.k.data(), write.index(), n_block, batch, head_kv, offsets);
           pipeline_v.producer_acquire(write);
           load_pages<SmemLayoutV, kChunkV, kHeadDimV>(params.paged, params.paged.v,
                                                       pipeline_v.producer_get_barrier(write), smem.v.data(),
-                                                      write.index(), n_block, batch, head_kv, offsets.keys);
+                                                      write.index(), n_block, batch, head_kv, offsets);
           ++write;
         });
         return;
@@ -459,18 +458,21 @@ struct ForwardMainloop {
   }
 
   // Producer, one thread: key tile n_block of sequence `sequence` and KV head head_kv from a paged
-  // cache (PagedKV) into `stage` of the ring at `buffer` (SmemLayout: (kBlockN, kCols, stage)).
-  // Boxes past the sequence's `keys` read page -1, outside the pages, which TMA fills with zeros (a
-  // stale stage could hold non-finite values that P = 0 would still multiply); so do page ids past
-  // num_pages or negative, and nothing outside the pages is read. One page id at a time: the
-  // producer's 24 registers hold no more without spilling, and a tile's ids share a cache line or few.
+  // cache (PagedKV) into `stage` of the ring at `buffer` (SmemLayout: (kBlockN, kCols, stage)). The
+  // sequence's keys are rows keys.k .. keys.k + keys.keys of its pages (keys.k > 0: left padding,
+  // validated to one page per sequence, so that a box that is not box-aligned never crosses into
+  // another page: past the page TMA reads zeros). Boxes past the sequence's keys read page -1,
+  // outside the pages, which TMA fills with zeros (a stale stage could hold non-finite values that
+  // P = 0 would still multiply); so do page ids past num_pages or negative, and nothing outside the
+  // pages is read. One page id at a time: the producer's 24 registers hold no more without
+  // spilling, and a tile's ids share a cache line or few.
   template <class SmemLayout, int kChunk, int kCols>
   static CUTLASS_DEVICE void load_pages(PagedKV const& paged, cute::TmaDescriptor const& desc, uint64_t* barrier,
                                         Element* buffer, int stage, int n_block, int sequence, int head_kv,
-                                        int keys) {
+                                        RowOffsets const& keys_at) {
     auto const offset = cute::get_nonswizzle_portion(SmemLayout{});
     int const* const table = paged.page_table + sequence * paged.table_stride;
-    int const first_key = n_block * kBlockN;
+    int const first_key = keys_at.k + n_block * kBlockN, keys = keys_at.k + keys_at.keys;
     int page_index = first_key / paged.page_size;
     int page_row = first_key - page_index * paged.page_size;
     CUTLASS_PRAGMA_NO_UNROLL
@@ -482,8 +484,8 @@ struct ForwardMainloop {
                                      buffer + offset(row, col, stage), col, page_row, head_kv, page);
       }
       page_row += paged.box_rows;
-      if (page_row == paged.page_size) {
-        page_row = 0;
+      if (page_row >= paged.page_size) {
+        page_row -= paged.page_size;
         ++page_index;
       }
     }

@@ -96,6 +96,7 @@ struct ForwardParams {
   int const* cu_seqlens_k = nullptr;  // (batch + 1)
   int const* seqused_q = nullptr;     // (batch) or null
   int const* seqused_k = nullptr;     // (batch) or null
+  int const* leftpad_k = nullptr;     // (batch) or null: the first key row of each sequence's slot
   int total_q = 0, total_k = 0;
 
   // A paged KV cache (flashhop.h), only with cu_seqlens_q, else null. Then k and v are pages

@@ -25,12 +25,14 @@ struct SequenceSpan {
 // The caller's cumulative lengths, read defensively (the host cannot check device memory):
 // offsets clamped to [0, total], a decreasing pair read as an empty sequence, seqused clamped to
 // the slot, lengths cut at the bounds max_seqlen. Without cu_seqlens_k (a paged KV cache), each
-// sequence's slot is all of total_k, its capacity, from row 0 of its pages.
+// sequence's slot is all of total_k, its capacity, from row 0 of its pages. With leftpad_k, a
+// sequence's keys start that many rows into its used rows (clamped to them).
 struct VarlenSequences {
   int const* cu_seqlens_q;
   int const* cu_seqlens_k;  // or null
   int const* seqused_q;     // or null
   int const* seqused_k;     // or null
+  int const* leftpad_k;     // or null
   int total_q, total_k;
   int max_seqlen_q, max_seqlen_k;
 
@@ -53,7 +55,15 @@ struct VarlenSequences {
   CUTLASS_DEVICE SequenceSpan span(int b) const {
     SequenceSpan s;
     slot(cu_seqlens_q, seqused_q, b, total_q, max_seqlen_q, s.q_begin, s.seqlen_q);
-    slot(cu_seqlens_k, seqused_k, b, total_k, max_seqlen_k, s.k_begin, s.seqlen_k);
+    if (leftpad_k == nullptr) {
+      slot(cu_seqlens_k, seqused_k, b, total_k, max_seqlen_k, s.k_begin, s.seqlen_k);
+    } else {
+      int used;
+      slot(cu_seqlens_k, seqused_k, b, total_k, total_k, s.k_begin, used);
+      int const pad = clamp(__ldg(leftpad_k + b), 0, used);
+      s.k_begin += pad;
+      s.seqlen_k = used - pad < max_seqlen_k ? used - pad : max_seqlen_k;
+    }
     return s;
   }
 };
