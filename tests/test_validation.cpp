@@ -1206,6 +1206,21 @@ TEST(PagedPlan, PagesStridesAndCapacity) {
   }
 }
 
+// Left padding: with packed K / V, or with one page per sequence; the plan hands it to the kernels.
+TEST(PagedPlan, LeftPaddingWithOnePagePerSequence) {
+  ForwardArgs args = valid_paged_args();
+  args.k = flashhop::make_contiguous(args.k.data, DType::kBFloat16, {3, 320, 2, 128});
+  args.v = flashhop::make_contiguous(args.v.data, DType::kBFloat16, {3, 320, 2, 128});
+  args.page_table->shape[1] = 1;
+  args.leftpad_k = flashhop::make_contiguous(shifted(args.seqused_k->data, 64), DType::kInt32, {3});
+  ASSERT_TRUE(flashhop::validate_forward(args).ok()) << flashhop::validate_forward(args).message;
+  EXPECT_EQ(flashhop::detail::plan_forward(args, {}).params.leftpad_k, args.leftpad_k->data);
+  ForwardArgs packed = valid_varlen_args();
+  packed.leftpad_k = args.leftpad_k;
+  ASSERT_TRUE(flashhop::validate_forward(packed).ok()) << flashhop::validate_forward(packed).message;
+  EXPECT_EQ(flashhop::detail::plan_forward(packed, {}).params.leftpad_k, args.leftpad_k->data);
+}
+
 // A bound of one row per sequence does not make the row stride a size-1 dimension's.
 TEST(VarlenPlan, StridesOfAPackedQkvWhateverTheBounds) {
   ForwardArgs args = valid_varlen_args();
