@@ -10,8 +10,8 @@ where a key is a token, or None, and describe causality, sliding windows and sof
 arguments, as they do for FlashAttention; no 4-D mask is built.
 
 Padded batches, and packed sequences (position ids that restart, or cu_seq_lens from a data
-collator), run one sequence at a time through `varlen_attention` until flashhop has variable-length
-kernels. What flashhop cannot compute falls back to PyTorch with a warning, once per reason: tensors
+collator), run through `varlen_attention`: one call of flashhop's variable-length kernels where no
+gradient is asked for, one sequence at a time where one is (no variable-length backward yet). What flashhop cannot compute falls back to PyTorch with a warning, once per reason: tensors
 off the GPU, dtypes other than float16 / bfloat16, head dims without kernels, dropout, a 4-D mask or
 a position bias (those go to transformers' SDPA function as they are).
 """
@@ -24,7 +24,7 @@ from transformers import AttentionInterface, modeling_utils
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-from .. import flash_attn_func
+from .. import flash_attn_func, flash_attn_varlen_func
 from .._support import unsupported_reason
 
 NAME = "flashhop"
@@ -110,12 +110,18 @@ def padded_attention(q, k, v, attention_mask, attend):
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, attend):
-    """flash_attn_varlen_func's computation, one sequence at a time (flashhop has no variable-length
-    kernels yet): q (total_q, nheads, head_dim), k and v (total_k, nheads_kv, head_dim[_v]), sequence
-    i being rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and likewise of k and v;
-    attend(q, k, v) attends one sequence, batch 1 in FlashAttention's layout. Returns (total_q,
-    nheads, head_dim_v); a sequence without keys gets 0."""
+    """flash_attn_varlen_func's computation: q (total_q, nheads, head_dim), k and v (total_k,
+    nheads_kv, head_dim[_v]), sequence i being rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and
+    likewise of k and v; attend(q, k, v) attends one sequence, batch 1 in FlashAttention's layout.
+    Where attend is flashhop's and no gradient is asked for (inference, generation), one call of
+    flashhop's variable-length kernels; else one sequence at a time (flashhop has no variable-length
+    backward yet). Returns (total_q, nheads, head_dim_v); a sequence without keys gets 0."""
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if getattr(attend, "func", None) is flash_attn_func and not needs_grad:
+        longest = lambda bounds: max([end - start for start, end in zip(bounds, bounds[1:])] + [1])  # noqa: E731
+        return flash_attn_varlen_func(q, k, v, cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32),
+                                      longest(bounds_q), longest(bounds_k), **attend.keywords)
     outs = []
     for (start_q, end_q), (start_k, end_k) in zip(zip(bounds_q, bounds_q[1:]), zip(bounds_k, bounds_k[1:])):
         if end_q == start_q or end_k == start_k:
