@@ -166,7 +166,8 @@ def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
     """flashhop::varlen_fwd's queries over a paged KV cache: k_cache and v_cache (num_pages,
     page_size, nheads_kv, head_dim[_v]); key j of sequence b is row j % page_size of page
     page_table[b, j // page_size], and sequence b has seqused_k[b] keys (from row leftpad_k[b] on,
-    where given: one page per sequence). num_splits: splits by keys (0: the library chooses). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q)."""
+    where given: one page per sequence). num_splits: splits by keys (0: the library chooses).
+    Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q)."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
                ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k))
     for name, tensor in tensors:

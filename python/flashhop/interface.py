@@ -231,9 +231,10 @@ def _append(queries, cu_seqlens_q, k_cache, v_cache, table, keys, k, v, cu_seqle
         if rotary and counts[1] > rotary_cos.shape[0]:
             raise ValueError(f"flashhop: rotary_cos.shape[0] (seqlen_ro) = {rotary_cos.shape[0]}: expected >= "
                              f"{counts[1]}, the positions of the new keys and queries")
-    rotated = torch.ops.flashhop.append_kv(k_cache, v_cache, table, keys, k_rows, v_rows, cu_new, rotary_cos, rotary_sin,
-                                           rotary_interleaved, rotary_seqlens, queries if rotary else None,
-                                           cu_seqlens_q if rotary else None, positions_advance)
+    rotated = torch.ops.flashhop.append_kv(k_cache, v_cache, table, keys, k_rows, v_rows, cu_new, rotary_cos,
+                                           rotary_sin, rotary_interleaved, rotary_seqlens,
+                                           queries if rotary else None, cu_seqlens_q if rotary else None,
+                                           positions_advance)
     return (rotated if rotary else queries), keys + new
 
 

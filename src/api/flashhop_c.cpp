@@ -172,7 +172,9 @@ flashhop_status_t flashhop_backward(const flashhop_backward_args_t* args, void* 
 
 flashhop_status_t flashhop_append_kv(const flashhop_append_kv_args_t* args, cudaStream_t stream) {
   return guarded([&] {
-    if (args == nullptr) return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected append arguments"};
+    if (args == nullptr) {
+      return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected append arguments"};
+    }
     for (const auto& [name, value] : {std::pair{"rotary_interleaved", args->rotary_interleaved},
                                       std::pair{"q_positions_advance", args->q_positions_advance}}) {
       if (flashhop::Status status = check_flag(name, value); !status.ok()) return status;
@@ -201,7 +203,9 @@ flashhop_status_t flashhop_append_kv(const flashhop_append_kv_args_t* args, cuda
 
 flashhop_status_t flashhop_combine(const flashhop_combine_args_t* args, cudaStream_t stream) {
   return guarded([&] {
-    if (args == nullptr) return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected combine arguments"};
+    if (args == nullptr) {
+      return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected combine arguments"};
+    }
     flashhop::CombineArgs cpp_args{to_cpp(args->out_partial), to_cpp(args->lse_partial), to_cpp(args->out), {}};
     if (args->lse != nullptr) cpp_args.lse = to_cpp(*args->lse);
     return flashhop::combine(cpp_args, stream);

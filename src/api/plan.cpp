@@ -253,9 +253,8 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   varlen.num_tiles_bound = (rows + recipe.block_m - 1) / recipe.block_m *
                            sm90::tile_heads_of(p.nheads, p.nheads_kv, recipe.pack_gqa) * varlen.batch;
   const int key_tiles = static_cast<int>((varlen.max_seqlen_k + recipe.block_n - 1) / recipe.block_n);
-  p.num_splits = args.num_splits > 0 ? args.num_splits
-                                     : auto_num_splits(varlen.num_tiles_bound, key_tiles,
-                                                       device.num_sms * sm90::ctas_per_sm(recipe.consumer_warpgroups()));
+  const int ctas = device.num_sms * sm90::ctas_per_sm(recipe.consumer_warpgroups());
+  p.num_splits = args.num_splits > 0 ? args.num_splits : auto_num_splits(varlen.num_tiles_bound, key_tiles, ctas);
   if (varlen.num_tiles_bound == 0) {
     varlen.workspace_bytes = 0;
   } else if (p.num_splits > 1) {

@@ -797,8 +797,12 @@ Status validate_append_kv(const AppendKvArgs& args) {
   if (q.has_value() != q_rotated.has_value() || q.has_value() != cu_seqlens_q.has_value()) {
     return invalid("q, q_rotated and cu_seqlens_q: expected all three or none");
   }
-  if (q && !cos) return invalid("q is given without rotary_cos and rotary_sin: expected q only with the rotary embedding");
-  if (rotary_seqlens && !cos) return invalid("rotary_seqlens is given without rotary_cos and rotary_sin: expected it only with them");
+  if (q && !cos) {
+    return invalid("q is given without rotary_cos and rotary_sin: expected q only with the rotary embedding");
+  }
+  if (rotary_seqlens && !cos) {
+    return invalid("rotary_seqlens is given without rotary_cos and rotary_sin: expected it only with them");
+  }
 
   std::vector<const Operand*> all = {&k_cache, &v_cache, &page_table, &cache_seqlens, &k_new, &v_new, &cu_seqlens_new};
   for (const std::optional<Operand>* t : {&cos, &sin, &rotary_seqlens, &q, &q_rotated, &cu_seqlens_q}) {

@@ -11,9 +11,10 @@ arguments, as they do for FlashAttention; no 4-D mask is built.
 
 Padded batches, and packed sequences (position ids that restart, or cu_seq_lens from a data
 collator), run through `varlen_attention`: one call of flashhop's variable-length kernels where no
-gradient is asked for, one sequence at a time where one is (no variable-length backward yet). What flashhop cannot compute falls back to PyTorch with a warning, once per reason: tensors
-off the GPU, dtypes other than float16 / bfloat16, head dims without kernels, dropout, a 4-D mask or
-a position bias (those go to transformers' SDPA function as they are).
+gradient is asked for, one sequence at a time where one is (no variable-length backward yet).
+What flashhop cannot compute falls back to PyTorch with a warning, once per reason: tensors off the
+GPU, dtypes other than float16 / bfloat16, head dims without kernels, dropout, a 4-D mask or a
+position bias (those go to transformers' SDPA function as they are).
 """
 import functools
 import math

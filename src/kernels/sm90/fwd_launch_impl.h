@@ -17,8 +17,8 @@ inline CombineParams combine_params(ForwardParams const& p, int head_dim_v) {
   using Layout = VarlenSplitPartials;
   CombineParams c;
   c.o_partial = reinterpret_cast<float const*>(bytes + Layout::o_offset(p.batch));
-  c.lse_partial =
-      reinterpret_cast<float const*>(bytes + Layout::lse_offset(p.batch, p.num_splits, p.total_q, p.nheads, head_dim_v));
+  std::size_t const lse_offset = Layout::lse_offset(p.batch, p.num_splits, p.total_q, p.nheads, head_dim_v);
+  c.lse_partial = reinterpret_cast<float const*>(bytes + lse_offset);
   c.o = p.o;
   c.lse = p.lse;
   c.num_splits = p.num_splits;
@@ -102,7 +102,9 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
     return {StatusCode::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err)};
   }
   if constexpr (Kernel::kVarlen) {
-    if (p.num_splits > 1) return launch_combine<typename Mainloop::Element>(combine_params(p, Mainloop::kHeadDimV), stream);
+    if (p.num_splits > 1) {
+      return launch_combine<typename Mainloop::Element>(combine_params(p, Mainloop::kHeadDimV), stream);
+    }
   }
   return Status::success();
 }

@@ -393,8 +393,9 @@ struct ForwardMainloop {
       if (params.paged.page_table != nullptr) {
         load_tile(params, smem, q_full, m_block, head, batch, blocks, wait_q_free, offsets, [&](int n_block) {
           pipeline_k.producer_acquire(write);
-          load_pages<SmemLayoutK, kChunkK, kHeadDim>(params.paged, params.paged.k, pipeline_k.producer_get_barrier(write),
-                                                     smem.k.data(), write.index(), n_block, batch, head_kv, offsets);
+          load_pages<SmemLayoutK, kChunkK, kHeadDim>(params.paged, params.paged.k,
+                                                     pipeline_k.producer_get_barrier(write), smem.k.data(),
+                                                     write.index(), n_block, batch, head_kv, offsets);
           pipeline_v.producer_acquire(write);
           load_pages<SmemLayoutV, kChunkV, kHeadDimV>(params.paged, params.paged.v,
                                                       pipeline_v.producer_get_barrier(write), smem.v.data(),
