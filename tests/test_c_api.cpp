@@ -274,6 +274,35 @@ TEST(CApi, VarlenFieldsArePassedOn) {
   EXPECT_TRUE(mentions(last_error(), "cu_seqlens_k = none with cu_seqlens_q given")) << last_error();
 }
 
+TEST(CApi, NumSplitsIsPassedOn) {
+  CVarlenArgs c;
+  size_t bytes = 0;
+  c.args.num_splits = -1;
+  EXPECT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "num_splits = -1: expected 0 (the library chooses) to 256")) << last_error();
+  c.args.num_splits = 3;
+  ASSERT_EQ(flashhop_forward_workspace_size(&c.args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  EXPECT_GT(bytes, 16u + (3u * 3u + 1u) * 4u);  // the tile list, then the partial results
+}
+
+// The append and combine entry points: null arguments and flags named, validation passed through.
+TEST(CApi, AppendAndCombineArguments) {
+  EXPECT_EQ(flashhop_append_kv(nullptr, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "args = null: expected append arguments")) << last_error();
+  EXPECT_EQ(flashhop_combine(nullptr, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "args = null: expected combine arguments")) << last_error();
+  flashhop_append_kv_args_t append{};
+  append.rotary_interleaved = 2;
+  EXPECT_EQ(flashhop_append_kv(&append, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "rotary_interleaved = 2: expected 0 or 1")) << last_error();
+  append.rotary_interleaved = 0;
+  EXPECT_EQ(flashhop_append_kv(&append, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "k_cache.rank = 0")) << last_error();
+  flashhop_combine_args_t combine{};
+  EXPECT_EQ(flashhop_combine(&combine, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "out_partial.rank = 0")) << last_error();
+}
+
 // A zero-initialised variable-length part is a fixed-length call, whatever else the struct holds.
 TEST(CApi, ZeroVarlenFieldsMeanFixedLength) {
   CArgs c;
