@@ -42,20 +42,15 @@ struct InvalidCase {
 
 void PrintTo(const InvalidCase& c, std::ostream* out) { *out << c.name; }
 
-class InvalidArguments : public ::testing::TestWithParam<InvalidCase> {};
-
-TEST_P(InvalidArguments, RejectedWithCodeAndNamedArgument) {
-  const InvalidCase& c = GetParam();
-  ForwardArgs args = valid_args();
+// `args` changed by case `c` is rejected with c's code and a message holding each of its parts;
+// the other entry points validate first and report the same error, before touching the device.
+void expect_rejected(ForwardArgs args, const InvalidCase& c) {
   c.change(args);
-
   const Status status = flashhop::validate_forward(args);
   EXPECT_EQ(status.code, c.code) << status.message;
   for (const std::string& part : c.message_parts) {
     EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
   }
-
-  // The other entry points validate first and report the same error, before touching the device.
   std::size_t bytes = 0;
   const Status size_status = flashhop::forward_workspace_size(args, &bytes);
   EXPECT_EQ(size_status.code, status.code);
@@ -64,6 +59,10 @@ TEST_P(InvalidArguments, RejectedWithCodeAndNamedArgument) {
   EXPECT_EQ(forward_status.code, status.code);
   EXPECT_EQ(forward_status.message, status.message);
 }
+
+class InvalidArguments : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidArguments, RejectedWithCodeAndNamedArgument) { expect_rejected(valid_args(), GetParam()); }
 
 constexpr std::int64_t kBeyondInt32 = std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
 constexpr StatusCode kInvalid = StatusCode::kInvalidArgument;
@@ -777,24 +776,7 @@ void set_batch(ForwardArgs& a, std::int64_t batch) {
 
 class InvalidVarlenArguments : public ::testing::TestWithParam<InvalidCase> {};
 
-TEST_P(InvalidVarlenArguments, RejectedWithCodeAndNamedArgument) {
-  const InvalidCase& c = GetParam();
-  ForwardArgs args = valid_varlen_args();
-  c.change(args);
-
-  const Status status = flashhop::validate_forward(args);
-  EXPECT_EQ(status.code, c.code) << status.message;
-  for (const std::string& part : c.message_parts) {
-    EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
-  }
-  std::size_t bytes = 0;
-  const Status size_status = flashhop::forward_workspace_size(args, &bytes);
-  EXPECT_EQ(size_status.code, status.code);
-  EXPECT_EQ(size_status.message, status.message);
-  const Status forward_status = flashhop::forward(args, nullptr, 0, nullptr);
-  EXPECT_EQ(forward_status.code, status.code);
-  EXPECT_EQ(forward_status.message, status.message);
-}
+TEST_P(InvalidVarlenArguments, RejectedWithCodeAndNamedArgument) { expect_rejected(valid_varlen_args(), GetParam()); }
 
 const InvalidCase kInvalidVarlenCases[] = {
     // which fields come together
@@ -1103,19 +1085,7 @@ ForwardArgs valid_paged_args() {
 
 class InvalidPagedArguments : public ::testing::TestWithParam<InvalidCase> {};
 
-TEST_P(InvalidPagedArguments, RejectedWithCodeAndNamedArgument) {
-  const InvalidCase& c = GetParam();
-  ForwardArgs args = valid_paged_args();
-  c.change(args);
-  const Status status = flashhop::validate_forward(args);
-  EXPECT_EQ(status.code, c.code) << status.message;
-  for (const std::string& part : c.message_parts) {
-    EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
-  }
-  const Status forward_status = flashhop::forward(args, nullptr, 0, nullptr);
-  EXPECT_EQ(forward_status.code, status.code);
-  EXPECT_EQ(forward_status.message, status.message);
-}
+TEST_P(InvalidPagedArguments, RejectedWithCodeAndNamedArgument) { expect_rejected(valid_paged_args(), GetParam()); }
 
 const InvalidCase kInvalidPagedCases[] = {
     {"leftpad_k_over_pages",

@@ -158,6 +158,28 @@ void expect_sequence_matches(const Config& c, const float* qb, const float* kb, 
   EXPECT_LE(lse_error, flashhop::reference::lse_tolerance(lse_baseline, c.masking.softcap));
 }
 
+// O (total_q, nheads, dv) and LSE (nheads, total_q) of a call on the device, poisoned (NaN) first so
+// that every value the call writes shows; bind() describes them in the call's arguments.
+struct PoisonedOutputs {
+  DType dtype;
+  int total_q, nheads, head_dim_v;
+  DeviceBuffer o, lse;
+
+  PoisonedOutputs(const Config& c, int total_q)
+      : dtype(c.dtype), total_q(total_q), nheads(c.nheads), head_dim_v(c.head_dim_v),
+        o(std::size_t(total_q) * c.nheads * c.head_dim_v * flashhop::dtype_size(c.dtype)),
+        lse(std::size_t(c.nheads) * total_q * sizeof(float)) {
+    o.upload(poisoned_storage(dtype, std::int64_t{total_q} * nheads * head_dim_v));
+    lse.upload(poisoned_storage(DType::kFloat32, std::int64_t{nheads} * total_q));
+  }
+  void bind(flashhop::ForwardArgs& args) {
+    args.o = flashhop::make_contiguous(o.data(), dtype, {total_q, nheads, head_dim_v});
+    args.lse = flashhop::make_contiguous(lse.data(), DType::kFloat32, {nheads, total_q});
+  }
+  std::vector<float> o_values() const { return download_as_floats(o, dtype); }
+  std::vector<float> lse_values() const { return download_as_floats(lse, DType::kFloat32); }
+};
+
 // How many values of packed rows [begin, end) of o and lse were written (they were poisoned).
 std::int64_t count_written(const Config& c, const std::vector<float>& o, const std::vector<float>& lse, int begin,
                            int end, int total_q) {
@@ -221,10 +243,7 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   }
 
   DeviceBuffer dq = upload_packed(q, c.dtype), dk = upload_packed(k, c.dtype), dv = upload_packed(v, c.dtype);
-  const std::int64_t o_elements = std::int64_t{total_q} * c.nheads * c.head_dim_v;
-  DeviceBuffer dout(o_elements * flashhop::dtype_size(c.dtype)), dlse(std::size_t(c.nheads) * total_q * sizeof(float));
-  dout.upload(poisoned_storage(c.dtype, o_elements));
-  dlse.upload(poisoned_storage(DType::kFloat32, std::int64_t{c.nheads} * total_q));
+  PoisonedOutputs outputs(c.config(), total_q);
   DeviceBuffer dcu_q = upload_ints(cu_q), dcu_k = upload_ints(cu_k), dused_q = upload_ints(used_q),
                dused_k = upload_ints(used_k);
 
@@ -232,8 +251,7 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   args.q = flashhop::make_contiguous(dq.data(), c.dtype, {total_q, c.nheads, c.head_dim});
   args.k = flashhop::make_contiguous(dk.data(), c.dtype, {total_k, c.nheads_kv, c.head_dim});
   args.v = flashhop::make_contiguous(dv.data(), c.dtype, {total_k, c.nheads_kv, c.head_dim_v});
-  args.o = flashhop::make_contiguous(dout.data(), c.dtype, {total_q, c.nheads, c.head_dim_v});
-  args.lse = flashhop::make_contiguous(dlse.data(), DType::kFloat32, {c.nheads, total_q});
+  outputs.bind(args);
   args.cu_seqlens_q = flashhop::make_contiguous(dcu_q.data(), DType::kInt32, {batch + 1});
   args.cu_seqlens_k = flashhop::make_contiguous(dcu_k.data(), DType::kInt32, {batch + 1});
   if (c.slack > 0) {
@@ -245,8 +263,8 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   const Status status = run_forward(args, c.config());
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
-  const std::vector<float> o = download_as_floats(dout, c.dtype);
-  const std::vector<float> lse = download_as_floats(dlse, DType::kFloat32);
+  const std::vector<float> o = outputs.o_values();
+  const std::vector<float> lse = outputs.lse_values();
 
   std::int64_t untouched_violations = 0;
   for (int b = 0; b < batch; ++b) {
@@ -371,18 +389,14 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
   }
 
   DeviceBuffer dq = upload_packed(q, c.dtype), dk = upload_packed(k_cache, c.dtype), dv = upload_packed(v_cache, c.dtype);
-  const std::int64_t o_elements = std::int64_t{total_q} * c.nheads * c.head_dim_v;
-  DeviceBuffer dout(o_elements * flashhop::dtype_size(c.dtype)), dlse(std::size_t(c.nheads) * total_q * sizeof(float));
-  dout.upload(poisoned_storage(c.dtype, o_elements));
-  dlse.upload(poisoned_storage(DType::kFloat32, std::int64_t{c.nheads} * total_q));
+  PoisonedOutputs outputs(c, total_q);
   DeviceBuffer dcu_q = upload_ints(cu_q), dkeys = upload_ints(keys), dtable = upload_ints(table);
 
   flashhop::ForwardArgs args;
   args.q = flashhop::make_contiguous(dq.data(), c.dtype, {total_q, c.nheads, c.head_dim});
   args.k = flashhop::make_contiguous(dk.data(), c.dtype, {num_pages, page, c.nheads_kv, c.head_dim});
   args.v = flashhop::make_contiguous(dv.data(), c.dtype, {num_pages, page, c.nheads_kv, c.head_dim_v});
-  args.o = flashhop::make_contiguous(dout.data(), c.dtype, {total_q, c.nheads, c.head_dim_v});
-  args.lse = flashhop::make_contiguous(dlse.data(), DType::kFloat32, {c.nheads, total_q});
+  outputs.bind(args);
   args.cu_seqlens_q = flashhop::make_contiguous(dcu_q.data(), DType::kInt32, {batch + 1});
   args.seqused_k = flashhop::make_contiguous(dkeys.data(), DType::kInt32, {batch});
   args.page_table = flashhop::make_contiguous(dtable.data(), DType::kInt32, {batch, max_pages});
@@ -391,8 +405,8 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
   const Status status = run_forward(args, c);
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
-  const std::vector<float> o = download_as_floats(dout, c.dtype);
-  const std::vector<float> lse = download_as_floats(dlse, DType::kFloat32);
+  const std::vector<float> o = outputs.o_values();
+  const std::vector<float> lse = outputs.lse_values();
   for (int b = 0; b < batch; ++b) {
     const int sq = cu_q[b + 1] - cu_q[b];
     SCOPED_TRACE(::testing::Message() << "sequence " << b << " (" << sq << " queries, " << keys[b] << " keys)");
