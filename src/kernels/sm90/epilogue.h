@@ -131,11 +131,10 @@ struct ForwardEpilogue {
   static auto partials_of(ForwardParams const& p) {
     if constexpr (kVarlen) {
       if (p.num_splits <= 1 || p.workspace == nullptr) return SplitPartials{nullptr, nullptr, p.total_q};
-      auto* const bytes = static_cast<unsigned char*>(p.workspace);
       using Layout = VarlenSplitPartials;
-      std::size_t const lse_offset = Layout::lse_offset(p.batch, p.num_splits, p.total_q, p.nheads, HeadDimV::value);
-      return SplitPartials{reinterpret_cast<float*>(bytes + Layout::o_offset(p.batch)),
-                           reinterpret_cast<float*>(bytes + lse_offset), p.total_q};
+      return SplitPartials{Layout::o(p.workspace, p.batch),
+                           Layout::lse(p.workspace, p.batch, p.num_splits, p.total_q, p.nheads, HeadDimV::value),
+                           p.total_q};
     } else {
       return NoPartials{};
     }

@@ -13,12 +13,10 @@ namespace flashhop::sm90 {
 // The combine of a variable-length batch split by keys: its partials (VarlenSplitPartials) into O
 // and LSE, sequence by sequence.
 inline CombineParams combine_params(ForwardParams const& p, int head_dim_v) {
-  auto* const bytes = static_cast<unsigned char*>(p.workspace);
   using Layout = VarlenSplitPartials;
   CombineParams c;
-  c.o_partial = reinterpret_cast<float const*>(bytes + Layout::o_offset(p.batch));
-  std::size_t const lse_offset = Layout::lse_offset(p.batch, p.num_splits, p.total_q, p.nheads, head_dim_v);
-  c.lse_partial = reinterpret_cast<float const*>(bytes + lse_offset);
+  c.o_partial = Layout::o(p.workspace, p.batch);
+  c.lse_partial = Layout::lse(p.workspace, p.batch, p.num_splits, p.total_q, p.nheads, head_dim_v);
   c.o = p.o;
   c.lse = p.lse;
   c.num_splits = p.num_splits;

@@ -48,6 +48,14 @@ struct VarlenSplitPartials {
                                           int head_dim_v) {
     return o_offset(batch) + o_bytes(num_splits, total_q, nheads, head_dim_v);
   }
+  // The partials in a workspace of this layout.
+  static float* o(void* workspace, int batch) {
+    return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + o_offset(batch));
+  }
+  static float* lse(void* workspace, int batch, int num_splits, std::int64_t total_q, int nheads, int head_dim_v) {
+    return reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
+                                    lse_offset(batch, num_splits, total_q, nheads, head_dim_v));
+  }
   // The tile list and both partials.
   static constexpr std::size_t bytes(int batch, int num_splits, std::int64_t total_q, int nheads, int head_dim_v) {
     return lse_offset(batch, num_splits, total_q, nheads, head_dim_v) +
