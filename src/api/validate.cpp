@@ -149,9 +149,11 @@ Status check_data(const Operand& t, std::int64_t alignment_bytes) {
   return Status::success();
 }
 
-Status check_same_device(const Operand& t, const Operand& q) {
-  if (t.desc.device != q.desc.device) {
-    return invalid(t.name, ".device = ", t.desc.device, ": expected ", q.desc.device, " (q.device)");
+// `t` on the device of `reference` (q for attention calls).
+Status check_same_device(const Operand& t, const Operand& reference) {
+  if (t.desc.device != reference.desc.device) {
+    return invalid(t.name, ".device = ", t.desc.device, ": expected ", reference.desc.device, " (", reference.name,
+                   ".device)");
   }
   return Status::success();
 }
@@ -365,11 +367,13 @@ Status check_varlen_fields(const ForwardArgs& args) {
   return Status::success();
 }
 
-// seqused's one dimension is the batch that cu_seqlens_q gives.
-Status check_batch_matches(const Operand& t, const Operand& cu_seqlens_q) {
-  if (t.dim(0) != cu_seqlens_q.dim(0) - 1) {
-    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", cu_seqlens_q.dim(0) - 1,
-                   " (cu_seqlens_q.shape[0] - 1)");
+// `t.shape[0]` is the batch that `cu_seqlens` (batch + 1 offsets) gives, or with `offsets` (t holds
+// offsets too) its length.
+Status check_batch_matches(const Operand& t, const Operand& cu_seqlens, bool offsets = false) {
+  const std::int64_t expected = cu_seqlens.dim(0) - (offsets ? 0 : 1);
+  if (t.dim(0) != expected) {
+    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", expected, " (", cu_seqlens.name, ".shape[0]",
+                   offsets ? ")" : " - 1)");
   }
   return Status::success();
 }
@@ -738,11 +742,8 @@ Status validate_combine(const CombineArgs& args) {
   std::vector<const Operand*> all = {&out_partial, &lse_partial, &out};
   if (lse) all.push_back(&*lse);
   for (const Operand* t : all) {
-    checks << check_combine_strides(*t) << check_data(*t, static_cast<std::int64_t>(dtype_size(t->desc.dtype)));
-    if (t->desc.device != out_partial.desc.device) {
-      checks << invalid(t->name, ".device = ", t->desc.device, ": expected ", out_partial.desc.device,
-                        " (out_partial.device)");
-    }
+    checks << check_combine_strides(*t) << check_data(*t, static_cast<std::int64_t>(dtype_size(t->desc.dtype)))
+           << check_same_device(*t, out_partial);
   }
   for (const Operand* other : {&out_partial, &lse_partial}) checks << check_no_overlap(out, *other);
   if (lse) {
@@ -753,42 +754,27 @@ Status validate_combine(const CombineArgs& args) {
 
 namespace {
 
-constexpr const char* kCacheKDims[] = {"num_pages", "page_size", "nheads_kv", "head_dim"};
-constexpr const char* kCacheVDims[] = {"num_pages", "page_size", "nheads_kv", "head_dim_v"};
 constexpr const char* kNewKDims[] = {"total_new", "nheads_kv", "head_dim"};
 constexpr const char* kNewVDims[] = {"total_new", "nheads_kv", "head_dim_v"};
-constexpr const char* kAppendPageTableDims[] = {"batch", "max_pages"};
-constexpr const char* kBatchDims[] = {"batch"};
-constexpr const char* kCuDims[] = {"batch + 1"};
 constexpr const char* kRotaryDims[] = {"seqlen_ro", "rotary_dim / 2"};
-constexpr const char* kAppendQDims[] = {"total_q", "nheads", "head_dim"};
-
-// `t.shape[0]` must be the batch: cu_seqlens_new.shape[0] - 1 (plus `extra`).
-Status check_append_batch(const Operand& t, const Operand& cu_seqlens_new, int extra = 0) {
-  if (t.dim(0) != cu_seqlens_new.dim(0) - 1 + extra) {
-    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", cu_seqlens_new.dim(0) - 1 + extra,
-                   extra ? " (cu_seqlens_new.shape[0])" : " (cu_seqlens_new.shape[0] - 1)");
-  }
-  return Status::success();
-}
 
 }  // namespace
 
 Status validate_append_kv(const AppendKvArgs& args) {
-  const Operand k_cache{"k_cache", args.k_cache, kCacheKDims, 4};
-  const Operand v_cache{"v_cache", args.v_cache, kCacheVDims, 4};
-  const Operand page_table{"page_table", args.page_table, kAppendPageTableDims, 2};
-  const Operand cache_seqlens{"cache_seqlens", args.cache_seqlens, kBatchDims, 1};
+  const Operand k_cache{"k_cache", args.k_cache, kPagedKDims, 4};
+  const Operand v_cache{"v_cache", args.v_cache, kPagedVDims, 4};
+  const Operand page_table{"page_table", args.page_table, kPageTableDims, 2};
+  const Operand cache_seqlens{"cache_seqlens", args.cache_seqlens, kSequsedDims, 1};
   const Operand k_new{"k", args.k_new, kNewKDims, 3};
   const Operand v_new{"v", args.v_new, kNewVDims, 3};
-  const Operand cu_seqlens_new{"cu_seqlens_new", args.cu_seqlens_new, kCuDims, 1};
+  const Operand cu_seqlens_new{"cu_seqlens_new", args.cu_seqlens_new, kCuSeqlensDims, 1};
   std::optional<Operand> cos, sin, rotary_seqlens, q, q_rotated, cu_seqlens_q;
   if (args.rotary_cos) cos.emplace(Operand{"rotary_cos", *args.rotary_cos, kRotaryDims, 2});
   if (args.rotary_sin) sin.emplace(Operand{"rotary_sin", *args.rotary_sin, kRotaryDims, 2});
-  if (args.rotary_seqlens) rotary_seqlens.emplace(Operand{"rotary_seqlens", *args.rotary_seqlens, kBatchDims, 1});
-  if (args.q) q.emplace(Operand{"q", *args.q, kAppendQDims, 3});
-  if (args.q_rotated) q_rotated.emplace(Operand{"q_rotated", *args.q_rotated, kAppendQDims, 3});
-  if (args.cu_seqlens_q) cu_seqlens_q.emplace(Operand{"cu_seqlens_q", *args.cu_seqlens_q, kCuDims, 1});
+  if (args.rotary_seqlens) rotary_seqlens.emplace(Operand{"rotary_seqlens", *args.rotary_seqlens, kSequsedDims, 1});
+  if (args.q) q.emplace(Operand{"q", *args.q, kVarlenQDims, 3});
+  if (args.q_rotated) q_rotated.emplace(Operand{"q_rotated", *args.q_rotated, kVarlenQDims, 3});
+  if (args.cu_seqlens_q) cu_seqlens_q.emplace(Operand{"cu_seqlens_q", *args.cu_seqlens_q, kCuSeqlensDims, 1});
 
   if (cos.has_value() != sin.has_value()) {
     return invalid(cos ? "rotary_sin = none with rotary_cos given" : "rotary_cos = none with rotary_sin given",
@@ -830,8 +816,8 @@ Status validate_append_kv(const AppendKvArgs& args) {
   checks << check_dim_matches(k_new, 1, k_cache, 2) << check_dim_matches(k_new, 2, k_cache, 3)
          << check_dim_matches(v_new, 0, k_new, 0) << check_dim_matches(v_new, 1, k_cache, 2)
          << check_dim_matches(v_new, 2, v_cache, 3);
-  checks << check_append_batch(page_table, cu_seqlens_new) << check_append_batch(cache_seqlens, cu_seqlens_new);
-  if (rotary_seqlens) checks << check_append_batch(*rotary_seqlens, cu_seqlens_new);
+  checks << check_batch_matches(page_table, cu_seqlens_new) << check_batch_matches(cache_seqlens, cu_seqlens_new);
+  if (rotary_seqlens) checks << check_batch_matches(*rotary_seqlens, cu_seqlens_new);
   if (cos) {
     checks << check_dim_matches(*sin, 0, *cos, 0) << check_dim_matches(*sin, 1, *cos, 1)
            << check_dim_at_least_one(*cos, 1);
@@ -841,7 +827,7 @@ Status validate_append_kv(const AppendKvArgs& args) {
     }
   }
   if (q) {
-    checks << check_dim_matches(*q, 2, k_cache, 3) << check_append_batch(*cu_seqlens_q, cu_seqlens_new, 1);
+    checks << check_dim_matches(*q, 2, k_cache, 3) << check_batch_matches(*cu_seqlens_q, cu_seqlens_new, /*offsets=*/true);
     for (int d = 0; d < 3; ++d) checks << check_dim_matches(*q_rotated, d, *q, d);
     if (q->dim(1) % k_cache.dim(2) != 0) {
       checks << invalid(dim_label(*q, 1), " = ", q->dim(1), ": expected a multiple of k_cache.shape[2] (nheads_kv) = ",
@@ -859,10 +845,7 @@ Status validate_append_kv(const AppendKvArgs& args) {
 
   for (const Operand* t : all) {
     const auto element = static_cast<std::int64_t>(dtype_size(t->desc.dtype));
-    checks << check_strides(*t, element, std::nullopt) << check_data(*t, element);
-    if (t->desc.device != k_cache.desc.device) {
-      checks << invalid(t->name, ".device = ", t->desc.device, ": expected ", k_cache.desc.device, " (k_cache.device)");
-    }
+    checks << check_strides(*t, element, std::nullopt) << check_data(*t, element) << check_same_device(*t, k_cache);
   }
   std::vector<const Operand*> written = {&k_cache, &v_cache};
   if (q_rotated) written.push_back(&*q_rotated);
