@@ -93,6 +93,11 @@ DeviceBuffer upload_packed(const Packed& host, DType dtype) {
   return buffer;
 }
 
+// A device tensor of `dtype` holding `values`.
+DeviceBuffer upload_floats(const std::vector<float>& values, DType dtype) {
+  return upload_packed(Packed{static_cast<int>(values.size()), 1, 1, values}, dtype);
+}
+
 DeviceBuffer upload_ints(const std::vector<int>& values) {
   std::vector<unsigned char> image(values.size() * sizeof(int));
   if (!values.empty()) std::memcpy(image.data(), values.data(), image.size());
@@ -499,12 +504,8 @@ TEST_P(CombineGpu, MatchesTheMergeInDoubles) {
       }
     }
   }
-  DeviceBuffer d_o_partial(o_partial.size() * sizeof(float)), d_lse_partial(lse_partial.size() * sizeof(float));
-  d_o_partial.upload(std::vector<unsigned char>(reinterpret_cast<unsigned char*>(o_partial.data()),
-                                                reinterpret_cast<unsigned char*>(o_partial.data() + o_partial.size())));
-  d_lse_partial.upload(std::vector<unsigned char>(
-      reinterpret_cast<unsigned char*>(lse_partial.data()),
-      reinterpret_cast<unsigned char*>(lse_partial.data() + lse_partial.size())));
+  DeviceBuffer d_o_partial = upload_floats(o_partial, DType::kFloat32);
+  DeviceBuffer d_lse_partial = upload_floats(lse_partial, DType::kFloat32);
   const std::int64_t out_elements = std::int64_t{rows} * heads * dv;
   DeviceBuffer d_out(out_elements * flashhop::dtype_size(c.out_dtype)), d_lse(std::size_t(heads) * rows * sizeof(float));
   d_out.upload(poisoned_storage(c.out_dtype, out_elements));
@@ -602,12 +603,10 @@ TEST_P(AppendKvGpu, WritesRotatedRowsAndNothingElse) {
     cos[i] = round_to(c.dtype, std::cos(a));
     sin[i] = round_to(c.dtype, std::sin(a));
   }
-  const auto upload = [&](const std::vector<float>& values, DType dtype) {
-    return upload_packed(Packed{int(values.size()), 1, 1, values}, dtype);
-  };
-  DeviceBuffer dk_cache = upload(k_cache, c.dtype), dv_cache = upload(v_cache, c.dtype), dk_new = upload(k_new, c.dtype),
-               dv_new = upload(v_new, c.dtype), dq = upload(q, c.dtype), dcos = upload(cos, c.dtype),
-               dsin = upload(sin, c.dtype), dtable = upload_ints(table), dcached = upload_ints(cached),
+  DeviceBuffer dk_cache = upload_floats(k_cache, c.dtype), dv_cache = upload_floats(v_cache, c.dtype),
+               dk_new = upload_floats(k_new, c.dtype), dv_new = upload_floats(v_new, c.dtype),
+               dq = upload_floats(q, c.dtype), dcos = upload_floats(cos, c.dtype), dsin = upload_floats(sin, c.dtype),
+               dtable = upload_ints(table), dcached = upload_ints(cached),
                dcu_new = upload_ints(cu_new), dcu_q = upload_ints(cu_q);
   DeviceBuffer dq_rotated(q.size() * flashhop::dtype_size(c.dtype));
   dq_rotated.upload(poisoned_storage(c.dtype, std::int64_t(q.size())));

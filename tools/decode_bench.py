@@ -76,6 +76,17 @@ def graphed(call):
     return graph.replay, out
 
 
+def time_graphed(name, call, args):
+    """(median ms, output) of call() replayed from a CUDA graph, or None where it cannot run this
+    cell (shape, layout; printed as n/a)."""
+    try:
+        replay, out = graphed(call)
+        return median_ms(replay, args.warmup_ms, args.iters), out
+    except Exception as error:
+        print(f"  {name}: n/a ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+        return None
+
+
 def copy_bandwidth(warmup_ms, iters):
     """Device-to-device copy of 4 GiB: (read + write bytes) per second."""
     src = torch.empty(1 << 31, dtype=torch.int16, device="cuda")
@@ -110,12 +121,10 @@ def decode_cell(batch, seqlen, pages, args, generator):
     outputs = {}
 
     def run(name, call):
-        try:
-            replay, out = graphed(call)
-            ms = median_ms(replay, args.warmup_ms, args.iters)
-        except Exception as error:  # a peer that cannot run this cell (shape, layout): n/a
-            print(f"  {name}: n/a ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+        timed = time_graphed(name, call, args)
+        if timed is None:
             return
+        ms, out = timed
         outputs[name] = out.reshape(batch, NHEADS, HEAD_DIM).float()
         row[name] = {"ms": ms, "kv_tbps": kv_bytes / (ms * 1e-3) / 1e12}
         print(f"  {name}: {ms * 1e3:.1f} us, {row[name]['kv_tbps']:.2f} TB/s")
@@ -164,13 +173,10 @@ def prefill(args):
     outputs = {}
 
     def run(name, call, call_flops):
-        try:
-            replay, out = graphed(call)
-            ms = median_ms(replay, args.warmup_ms, args.iters)
-        except Exception as error:
-            print(f"  {name}: n/a ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+        timed = time_graphed(name, call, args)
+        if timed is None:
             return
-        outputs[name] = out
+        ms, outputs[name] = timed
         result[name] = {"ms": ms, "tflops": call_flops / (ms * 1e-3) / 1e12}
         print(f"  {name}: {ms:.3f} ms, {result[name]['tflops']:.0f} TFLOP/s")
 
