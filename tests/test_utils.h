@@ -336,6 +336,15 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// int32 values (cu_seqlens, seqused, page tables) in device memory.
+inline DeviceBuffer upload_ints(const std::vector<int>& values) {
+  std::vector<unsigned char> image(values.size() * sizeof(int));
+  if (!values.empty()) std::memcpy(image.data(), values.data(), image.size());
+  DeviceBuffer buffer(image.size());
+  buffer.upload(image);
+  return buffer;
+}
+
 // call(args, workspace, bytes, stream) with the workspace size(args, &bytes) asks for, poisoned so
 // that a kernel relying on its contents rather than on the call's own initialisation fails; waits
 // for `stream` before freeing it. (size, call): forward_workspace_size and forward, or the backward's.

@@ -1488,11 +1488,8 @@ struct InvalidBackwardCase {
 
 void PrintTo(const InvalidBackwardCase& c, std::ostream* out) { *out << c.name; }
 
-class InvalidBackwardArguments : public ::testing::TestWithParam<InvalidBackwardCase> {};
-
-TEST_P(InvalidBackwardArguments, RejectedWithCodeAndNamedArgument) {
-  const InvalidBackwardCase& c = GetParam();
-  flashhop::BackwardArgs args = valid_backward_args();
+// `args` with c's change rejected by validation, the workspace size and the call alike.
+void expect_backward_rejected(flashhop::BackwardArgs args, const InvalidBackwardCase& c) {
   c.change(args);
   const Status status = flashhop::validate_backward(args);
   EXPECT_EQ(status.code, c.code) << status.message;
@@ -1502,6 +1499,12 @@ TEST_P(InvalidBackwardArguments, RejectedWithCodeAndNamedArgument) {
   std::size_t bytes = 0;
   EXPECT_EQ(flashhop::backward_workspace_size(args, &bytes).message, status.message);
   EXPECT_EQ(flashhop::backward(args, nullptr, 0, nullptr).message, status.message);
+}
+
+class InvalidBackwardArguments : public ::testing::TestWithParam<InvalidBackwardCase> {};
+
+TEST_P(InvalidBackwardArguments, RejectedWithCodeAndNamedArgument) {
+  expect_backward_rejected(valid_backward_args(), GetParam());
 }
 
 const InvalidBackwardCase kInvalidBackwardCases[] = {
@@ -1536,6 +1539,62 @@ const InvalidBackwardCase kInvalidBackwardCases[] = {
 INSTANTIATE_TEST_SUITE_P(Validation, InvalidBackwardArguments, ::testing::ValuesIn(kInvalidBackwardCases),
                          [](const ::testing::TestParamInfo<InvalidBackwardCase>& info) { return info.param.name; });
 
+// valid_varlen_args()'s forward call's backward: dout, dq, dk and dv packed in buffers of their own.
+flashhop::BackwardArgs valid_varlen_backward_args() {
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f3000000000} + (gib << 32));
+  };
+  const ForwardArgs f = valid_varlen_args();
+  flashhop::BackwardArgs b = backward_args_of(f, flashhop::make_contiguous(at(0), DType::kBFloat16, {100, 8, 128}),
+                                              flashhop::make_contiguous(at(1), DType::kBFloat16, {100, 8, 128}),
+                                              flashhop::make_contiguous(at(2), DType::kBFloat16, {300, 2, 128}),
+                                              flashhop::make_contiguous(at(3), DType::kBFloat16, {300, 2, 128}));
+  b.cu_seqlens_q = f.cu_seqlens_q;
+  b.cu_seqlens_k = f.cu_seqlens_k;
+  b.seqused_q = f.seqused_q;
+  b.seqused_k = f.seqused_k;
+  b.max_seqlen_q = f.max_seqlen_q;
+  b.max_seqlen_k = f.max_seqlen_k;
+  return b;
+}
+
+class InvalidVarlenBackwardArguments : public ::testing::TestWithParam<InvalidBackwardCase> {};
+
+TEST_P(InvalidVarlenBackwardArguments, RejectedWithCodeAndNamedArgument) {
+  expect_backward_rejected(valid_varlen_backward_args(), GetParam());
+}
+
+const InvalidBackwardCase kInvalidVarlenBackwardCases[] = {
+    {"forward_rule_cu_seqlens_k_missing", [](flashhop::BackwardArgs& a) { a.cu_seqlens_k.reset(); }, kNotSupported,
+     {"cu_seqlens_k = none with cu_seqlens_q given"}},
+    {"forward_rule_max_seqlen_q_0", [](flashhop::BackwardArgs& a) { a.max_seqlen_q = 0; }, kInvalid,
+     {"max_seqlen_q = 0: expected >= 1 with cu_seqlens_q"}},
+    {"forward_rule_seqused_k_float32", [](flashhop::BackwardArgs& a) { a.seqused_k->dtype = DType::kFloat32; },
+     kInvalid, {"seqused_k.dtype = float32", "expected int32"}},
+    {"dq_rank_4", [](flashhop::BackwardArgs& a) { a.dq.rank = 4; }, kInvalid,
+     {"dq.rank = 4", "expected 3 (total_q, nheads, head_dim) with cu_seqlens"}},
+    {"dk_rows_differ", [](flashhop::BackwardArgs& a) { a.dk.shape[0] = 299; }, kInvalid,
+     {"dk.shape[0] (total_k) = 299", "expected 300 (k.shape[0] (total_k))"}},
+    {"dout_heads_differ", [](flashhop::BackwardArgs& a) { a.dout.shape[1] = 4; }, kInvalid,
+     {"dout.shape[1] (nheads) = 4", "expected 8 (o.shape[1] (nheads))"}},
+    {"dq_over_cu_seqlens_q", [](flashhop::BackwardArgs& a) { a.dq.data = a.cu_seqlens_q->data; }, kInvalid,
+     {"dq.data", "overlaps cu_seqlens_q's"}},
+    {"dv_over_seqused_k", [](flashhop::BackwardArgs& a) { a.dv.data = shifted(a.seqused_k->data, -64); }, kInvalid,
+     {"dv.data", "overlaps seqused_k's"}},
+    {"head_dim_80",
+     [](flashhop::BackwardArgs& a) {
+       for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv}) {
+         t->shape[2] = 80;
+         t->stride[1] = 80;
+         t->stride[0] = 80 * t->shape[1];
+       }
+     },
+     kNotSupported, {"q.shape[2] (head_dim) = 80", "64, 96, 128, 192 and 256"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validation, InvalidVarlenBackwardArguments, ::testing::ValuesIn(kInvalidVarlenBackwardCases),
+                         [](const ::testing::TestParamInfo<InvalidBackwardCase>& info) { return info.param.name; });
+
 TEST(BackwardValidation, AcceptsTheForwardCallsArguments) {
   for (const Problem& problem : {kProblem, Problem{1, 0, 65, 8, 2, 64}, Problem{0, 33, 65, 8, 2, 96}}) {
     const flashhop::BackwardArgs args = valid_backward_args(problem);
@@ -1558,6 +1617,37 @@ TEST(BackwardPlan, WorkspaceHoldsRowValuesAndTheDqAccumulator) {
   EXPECT_FALSE(plan.recipe_of().local());
   args.causal = true;
   EXPECT_TRUE(flashhop::detail::plan_backward(args).recipe_of().local());
+}
+
+TEST(BackwardPlan, VariableLengthWorkspaceGivesEachSequenceItsOwnRowBlocks) {
+  // 3 sequences in 100 query rows, max_seqlen_q 50, 8 heads, d 128: each head holds ceil(100 / 64)
+  // + 3 row blocks, and the semaphores are 3 * 8 * ceil(50 / 64).
+  flashhop::BackwardArgs args = valid_varlen_backward_args();
+  ASSERT_TRUE(flashhop::validate_backward(args).ok()) << flashhop::validate_backward(args).message;
+  std::size_t bytes = 0;
+  ASSERT_TRUE(flashhop::backward_workspace_size(args, &bytes).ok());
+  const std::size_t rows = 8 * 5 * 64;
+  EXPECT_EQ(bytes, rows * 4 + rows * 4 + rows * 128 * 4);
+  args.deterministic = true;
+  ASSERT_TRUE(flashhop::backward_workspace_size(args, &bytes).ok());
+  EXPECT_EQ(bytes, rows * 4 + rows * 4 + rows * 128 * 4 + 256);
+  // The band against the bounds; strides of the packed rows, batch strides 0.
+  args.causal = true;
+  const flashhop::detail::BackwardPlan plan = flashhop::detail::plan_backward(args);
+  EXPECT_TRUE(plan.recipe_of().local());
+  EXPECT_EQ(plan.params.batch, 3);
+  EXPECT_EQ(plan.params.seqlen_q, 50);
+  EXPECT_EQ(plan.params.seqlen_k, 200);
+  EXPECT_EQ(plan.params.total_q, 100);
+  EXPECT_EQ(plan.params.total_k, 300);
+  EXPECT_EQ(plan.params.q_batch_stride, 0);
+  EXPECT_EQ(plan.params.q_row_stride, 8 * 128);
+  EXPECT_EQ(plan.params.dk_row_stride, 2 * 128);
+  EXPECT_EQ(plan.params.lse_head_stride, 100);
+  EXPECT_EQ(plan.params.lse_row_stride, 1);
+  EXPECT_EQ(plan.params.window_right, 0);
+  EXPECT_EQ(plan.params.cu_seqlens_q, args.cu_seqlens_q->data);
+  EXPECT_EQ(plan.params.seqused_k, args.seqused_k->data);
 }
 
 }  // namespace

@@ -98,14 +98,6 @@ DeviceBuffer upload_floats(const std::vector<float>& values, DType dtype) {
   return upload_packed(Packed{static_cast<int>(values.size()), 1, 1, values}, dtype);
 }
 
-DeviceBuffer upload_ints(const std::vector<int>& values) {
-  std::vector<unsigned char> image(values.size() * sizeof(int));
-  if (!values.empty()) std::memcpy(image.data(), values.data(), image.size());
-  DeviceBuffer buffer(image.size());
-  buffer.upload(image);
-  return buffer;
-}
-
 std::vector<float> download_as_floats(const DeviceBuffer& buffer, DType dtype) {
   const std::vector<unsigned char> image = buffer.download();
   std::vector<float> values(image.size() / flashhop::dtype_size(dtype));

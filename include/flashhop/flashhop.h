@@ -33,8 +33,9 @@
 // keys, up to total_k, may be read (and weighed by zero), so they must hold finite values. Every
 // mask, soft-capping, GQA (with packed rows: pack_gqa) and head dim of the fixed-length forward.
 // A batch of fewer query tiles than the device has SMs (decoding) is split by keys (num_splits):
-// each split writes a partial result into the workspace and a combine kernel merges them. There is
-// no variable-length backward yet.
+// each split writes a partial result into the workspace and a combine kernel merges them. The
+// backward takes the same layout (BackwardArgs' cu_seqlens); there, dout's rows past a sequence's
+// used queries are read too (and weighed by zero), and must hold finite values.
 //
 // Paged KV cache, as FlashAttention-3's page_table: with page_table (ForwardArgs), the queries are
 // a variable-length batch as above (cu_seqlens_q) and K and V are a cache of pages
@@ -224,11 +225,18 @@ Status validate_append_kv(const AppendKvArgs& args);
 // LSE, and the gradient dout of o, the gradients dq, dk and dv (shapes, dtypes and conventions of q,
 // k and v; with GQA / MQA, dk and dv sum over each KV head's query heads). softmax_scale, causal,
 // the window and softcap must be the forward call's. A query row that saw no key gets dq = 0.
+// A variable-length batch (cu_seqlens as in ForwardArgs, without a page table, leftpad or packed
+// rows) takes the packed layout: q, dq (total_q, nheads, d), k, dk (total_k, nheads_kv, d), lse
+// (nheads, total_q); the rows of dq, dk and dv outside every sequence's used rows are left as they
+// are.
 struct BackwardArgs {
   TensorDesc q, k, v, o;
   TensorDesc dout;  // (batch, seqlen_q, nheads, dv), like o
   TensorDesc lse;   // (batch, nheads, seqlen_q), float32, the forward's
   TensorDesc dq, dk, dv;
+  std::optional<TensorDesc> cu_seqlens_q, cu_seqlens_k;  // int32 (batch + 1): both or neither
+  std::optional<TensorDesc> seqused_q, seqused_k;        // int32 (batch), only with them
+  int max_seqlen_q = 0, max_seqlen_k = 0;                // with them, the forward call's bounds; else 0
   std::optional<float> softmax_scale;  // default 1 / sqrt(d)
   bool causal = false;
   int window_left = -1, window_right = -1;
@@ -239,8 +247,9 @@ struct BackwardArgs {
 };
 
 // Bytes of device workspace `backward` needs (validates the arguments first): per query row of
-// every head two floats and d floats of dq accumulation, rows rounded up to 64, and with
-// `deterministic` one int per 64 rows of every head.
+// every head two floats and d floats of dq accumulation, each sequence's rows rounded up to 64, and
+// with `deterministic` one int per 64 rows of every head (of max_seqlen_q rows per sequence in a
+// variable-length batch).
 Status backward_workspace_size(const BackwardArgs& args, std::size_t* bytes);
 
 // dq, dk and dv on `stream`; `workspace` as for forward (at least backward_workspace_size() bytes,

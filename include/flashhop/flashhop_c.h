@@ -80,6 +80,14 @@ typedef struct {
   int window_right;
   float softcap;
   int deterministic; /* 0 or 1: dq accumulated in a fixed order (bitwise repeatable) */
+  /* Variable-length (packed) batches, as in flashhop_forward_args_t: q, k, v, o, dout, dq, dk, dv
+   * 3-D, lse (nheads, total_q). NULL / 0: fixed length. */
+  const flashhop_tensor_t* cu_seqlens_q;
+  const flashhop_tensor_t* cu_seqlens_k;
+  const flashhop_tensor_t* seqused_q;
+  const flashhop_tensor_t* seqused_k;
+  int max_seqlen_q;
+  int max_seqlen_k;
 } flashhop_backward_args_t;
 
 flashhop_status_t flashhop_backward_workspace_size(const flashhop_backward_args_t* args, size_t* bytes);

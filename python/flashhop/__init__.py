@@ -9,10 +9,10 @@
 The Hugging Face transformers integration is flashhop.integrations.transformers (imported on its own).
 
 The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (its gradients),
-torch.ops.flashhop.varlen_fwd behind flash_attn_varlen_func (packed batches of sequences of different
-lengths, forward only), torch.ops.flashhop.paged_fwd behind flash_attn_with_kvcache (queries over
-a contiguous or paged KV cache) and torch.ops.flashhop.combine behind flash_attn_combine (the merge
-of results over splits of the keys).
+torch.ops.flashhop.varlen_fwd and varlen_bwd behind flash_attn_varlen_func (packed batches of
+sequences of different lengths), torch.ops.flashhop.paged_fwd behind flash_attn_with_kvcache (queries
+over a contiguous or paged KV cache) and torch.ops.flashhop.combine behind flash_attn_combine (the
+merge of results over splits of the keys).
 """
 try:
     import torch  # noqa: F401

@@ -122,6 +122,12 @@ class _BackwardArgs(ctypes.Structure):
         ("window_right", ctypes.c_int),
         ("softcap", ctypes.c_float),
         ("deterministic", ctypes.c_int),
+        ("cu_seqlens_q", ctypes.POINTER(_Tensor)),
+        ("cu_seqlens_k", ctypes.POINTER(_Tensor)),
+        ("seqused_q", ctypes.POINTER(_Tensor)),
+        ("seqused_k", ctypes.POINTER(_Tensor)),
+        ("max_seqlen_q", ctypes.c_int),
+        ("max_seqlen_k", ctypes.c_int),
     ]
 
 
@@ -277,11 +283,20 @@ def combine(out_partial, lse_partial, out, lse):
 
 
 def backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left, window_right,
-             softcap, deterministic):
+             softcap, deterministic, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
+             max_seqlen_q=0, max_seqlen_k=0):
     """Runs the backward kernels into grad_q, grad_k and grad_v on the current stream of q's device,
-    which must be the current device; the options are the forward call's."""
+    which must be the current device; the options are the forward call's, and with cu_seqlens the
+    tensors are a variable-length batch's (as varlen_forward's)."""
+    descs = {}
+    for name, tensor in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q),
+                         ("seqused_k", seqused_k)):
+        if tensor is not None:
+            descs[name] = _describe(name, tensor)
+    pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}
     args = _BackwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
                          dout=_describe("dout", grad_out), lse=_describe("lse", lse), dq=_describe("dq", grad_q),
                          dk=_describe("dk", grad_k), dv=_describe("dv", grad_v), deterministic=int(deterministic),
+                         max_seqlen_q=_bound(max_seqlen_q), max_seqlen_k=_bound(max_seqlen_k), **pointers,
                          **_options(softmax_scale, causal, window_left, window_right, softcap))
     _run(_library.flashhop_backward_workspace_size, _library.flashhop_backward, args, q.device)

@@ -1,5 +1,5 @@
-"""The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd, flashhop::paged_fwd,
-flashhop::append_kv (which writes into its KV cache arguments) and flashhop::combine, registered with
+"""The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd, flashhop::varlen_bwd,
+flashhop::paged_fwd, flashhop::append_kv (which writes into its KV cache arguments) and flashhop::combine, registered with
 torch.library.
 
 Their fake implementations give torch.compile the output shapes without running anything, so a
@@ -63,16 +63,21 @@ def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """Gradients of q, k and v from the gradient of out, for the forward call with these options
     (out and lse its outputs); deterministic accumulates dq in a fixed order (bitwise repeatable)."""
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    # The kernels read rows with a contiguous last dimension and step along every other one; autograd
-    # hands over broadcast gradients (stride 0, e.g. of out.sum()) as they are.
-    if grad_out.dim() == 4 and any(stride != 1 if d == 3 else stride == 0
-                                   for d, (size, stride) in enumerate(zip(grad_out.shape, grad_out.stride()))
-                                   if size > 1):
-        grad_out = grad_out.contiguous()
+    grad_out = _readable_rows(grad_out)
     with torch.cuda.device(q.device):
         _c_api.backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left,
                         window_right, softcap, deterministic)
     return grad_q, grad_k, grad_v
+
+
+def _readable_rows(grad_out):
+    """grad_out as the kernels read it: rows with a contiguous last dimension, a step along every
+    other one. Autograd hands over broadcast gradients (stride 0, e.g. of out.sum()) as they are."""
+    last = grad_out.dim() - 1
+    if any(stride != 1 if d == last else stride == 0
+           for d, (size, stride) in enumerate(zip(grad_out.shape, grad_out.stride())) if size > 1):
+        return grad_out.contiguous()
+    return grad_out
 
 
 @bwd.register_fake
@@ -119,14 +124,14 @@ def _empty_varlen_outputs(q, v):
 def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
-               window_right: int, softcap: float,
-               pack_gqa: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               window_right: int, softcap: float, pack_gqa: Optional[bool] = None,
+               deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashhop::fwd over a packed batch: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of
     q (total_q, nheads, head_dim) and rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (total_k,
     nheads_kv, head_dim[_v]), of which the first seqused_q[b] / seqused_k[b] are used where given;
     masks align to each sequence's own bottom-right corner. max_seqlen_q / max_seqlen_k bound the
     lengths (>= 1). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q); rows past
-    seqused_q are left as torch.empty made them."""
+    seqused_q are left as torch.empty made them. deterministic is for the backward (varlen_bwd)."""
     tensors = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                ("seqused_q", seqused_q), ("seqused_k", seqused_k))
     for name, tensor in tensors:
@@ -141,17 +146,46 @@ def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
 
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None):
+                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False):
     return _empty_varlen_outputs(q, v)
 
 
-def _varlen_fwd_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError("flashhop: the variable-length backward is not implemented: flash_attn_varlen_func "
-                              "is not differentiable yet")
+@torch.library.custom_op("flashhop::varlen_bwd", mutates_args=())
+def varlen_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+               seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+               max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+               softcap: float, deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flashhop::bwd over a packed batch, for the varlen_fwd call with these arguments (out and lse
+    its outputs). The rows of the gradients outside every sequence's used rows are 0."""
+    grad_q, grad_k, grad_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    with torch.cuda.device(q.device):
+        _c_api.backward(_readable_rows(grad_out), q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal,
+                        window_left, window_right, softcap, deterministic, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                        seqused_k, max_seqlen_q, max_seqlen_k)
+    return grad_q, grad_k, grad_v
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic=False):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _varlen_save_for_backward(ctx, inputs, output):
-    pass
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *options, _pack_gqa, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    ctx.options = options  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap
+    ctx.deterministic = deterministic
+
+
+def _varlen_fwd_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, *indices = ctx.saved_tensors
+    grad_q, grad_k, grad_v = torch.ops.flashhop.varlen_bwd(grad_out, q, k, v, out, lse, *indices, *ctx.options,
+                                                          ctx.deterministic)
+    # None for the index tensors, the options, pack_gqa and deterministic.
+    return (grad_q, grad_k, grad_v) + (None,) * (len(indices) + len(ctx.options) + 2)
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_save_for_backward)

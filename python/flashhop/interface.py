@@ -46,8 +46,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            pack_gqa=None, deterministic=False, return_attn_probs=False):
     """Exact attention over a packed batch of sequences of different lengths, as
-    FlashAttention-3's function of this name; the forward only (no gradients yet), and query heads
-    are not packed into tiles (pack_gqa is accepted and ignored).
+    FlashAttention-3's function of this name; differentiable through torch.ops.flashhop.varlen_bwd.
 
     q: (total_q, nheads, head_dim); k: (total_k, nheads_kv, head_dim); v: (total_k, nheads_kv,
     head_dim_v); dtypes, head dims and strides as flash_attn_func's.
@@ -58,8 +57,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     seqused_q, seqused_k: None, or int32 (batch) CUDA tensors: only the first seqused[b] rows of
     sequence b's slot are used.
     softmax_scale, causal, window_size, softcap, pack_gqa: as flash_attn_func's, each sequence's mask
-    aligned to its own bottom-right corner. deterministic: for the backward, which the
-    variable-length path does not have yet.
+    aligned to its own bottom-right corner. deterministic: as flash_attn_func's; the gradients' rows
+    outside every sequence's used rows are 0.
     Returns out (total_q, nheads, head_dim_v), and with return_attn_probs also softmax_lse (nheads,
     total_q) in float32, as FlashAttention-3 does.
     """
@@ -78,7 +77,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         bounds.append(max(value, 1))
     out, softmax_lse = torch.ops.flashhop.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                                                      *bounds, softmax_scale, causal, window_left, window_right,
-                                                     softcap, pack_gqa)
+                                                     softcap, pack_gqa, deterministic)
     return (out, softmax_lse) if return_attn_probs else out
 
 

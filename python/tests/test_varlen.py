@@ -1,6 +1,7 @@
-"""flash_attn_varlen_func: FlashAttention-3's variable-length forward. Its argument checks and the
-fake implementation's shapes run anywhere; the GPU tests compare each sequence of a packed batch
-with flash_attn_func over that sequence alone, and skip where the build left the kernel out."""
+"""flash_attn_varlen_func: FlashAttention-3's variable-length forward and its gradients. Its argument
+checks and the fake implementations' shapes run anywhere; the GPU tests compare each sequence of a
+packed batch with flash_attn_func over that sequence alone (the gradients with the float64
+reference), and skip where the build left the kernel out."""
 import re
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashhop  # noqa: E402
-from helpers import requires_hopper, skip_unless_built  # noqa: E402
+from helpers import check_gradients, requires_hopper, skip_unless_built  # noqa: E402
 
 
 def _packed(lengths_q, lengths_k, nheads=8, nheads_kv=2, head_dim=128, head_dim_v=None, device="cuda",
@@ -235,10 +236,74 @@ def test_bad_arguments_are_named(change, message):
         flashhop.flash_attn_varlen_func(**arguments)
 
 
+def _gradients(q, k, v, cu_q, cu_k, max_q, max_k, dout, **options):
+    """dq, dk and dv of flash_attn_varlen_func through autograd."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = skip_unless_built(flashhop.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max_q, max_k, **options)
+    out.backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+def _check_each_sequence(q, k, v, cu_q, cu_k, dout, got, seqused_q=None, seqused_k=None, **options):
+    """Each sequence's gradients against the float64 reference of that sequence alone
+    (helpers.check_gradients); the rows outside every sequence's used rows 0."""
+    dq, dk, dv = got
+    used_rows, used_keys = torch.zeros(q.shape[0], dtype=torch.bool), torch.zeros(k.shape[0], dtype=torch.bool)
+    for b in range(cu_q.numel() - 1):
+        start_q, start_k = int(cu_q[b]), int(cu_k[b])
+        used_q = int(cu_q[b + 1]) - start_q if seqused_q is None else int(seqused_q[b])
+        used_k = int(cu_k[b + 1]) - start_k if seqused_k is None else int(seqused_k[b])
+        rows, keys = slice(start_q, start_q + used_q), slice(start_k, start_k + used_k)
+        used_rows[rows], used_keys[keys] = True, True
+        if used_q == 0 or used_k == 0:  # dk = dv = 0 without queries, dq = 0 without keys
+            for grad in (dq[rows], dk[keys], dv[keys]):
+                assert not grad.any()
+            continue
+        check_gradients(q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
+                        (dq[None, rows], dk[None, keys], dv[None, keys]), **options)
+    for grad, used in ((dq, used_rows), (dk, used_keys), (dv, used_keys)):
+        assert not grad[~used.to(grad.device)].any()
+
+
 @requires_hopper
-def test_not_differentiable_yet():
-    q, k, v, cu_q, cu_k = _packed([3, 4], [6, 7])
-    q.requires_grad_()
-    out = skip_unless_built(flashhop.flash_attn_varlen_func, q, k, v, cu_q, cu_k, 4, 7)
-    with pytest.raises(NotImplementedError, match="variable-length backward is not implemented"):
-        out.sum().backward()
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gradients_match_the_reference(mask, head_dim):
+    lengths_q = [0, 1, 17, 128, 1000, 300, 65]
+    lengths_k = [5, 1, 17, 200, 1000, 3000, 0]
+    q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, head_dim=head_dim)
+    dout = torch.randn_like(q)
+    got = _gradients(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), dout, **MASKS[mask])
+    _check_each_sequence(q, k, v, cu_q, cu_k, dout, got, **MASKS[mask])
+
+
+@requires_hopper
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gradients_with_gqa_and_seqused(deterministic):
+    lengths_q, lengths_k = [40, 7, 130, 64], [90, 300, 130, 64]
+    q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, nheads=12, nheads_kv=3)
+    seqused_q = torch.tensor([33, 7, 0, 64], dtype=torch.int32, device="cuda")
+    seqused_k = torch.tensor([90, 150, 1, 0], dtype=torch.int32, device="cuda")
+    dout = torch.randn_like(q)
+    options = {"causal": True, "seqused_q": seqused_q, "seqused_k": seqused_k}
+    got = _gradients(q, k, v, cu_q, cu_k, 130, 300, dout, deterministic=deterministic, **options)
+    _check_each_sequence(q, k, v, cu_q, cu_k, dout, got, **options)
+
+
+@requires_hopper
+def test_deterministic_gradients_are_bitwise_identical():
+    lengths_q, lengths_k = [500, 3, 700], [700, 900, 64]
+    q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k)
+    dout = torch.randn_like(q)
+    first = _gradients(q, k, v, cu_q, cu_k, 700, 900, dout, causal=True, deterministic=True)
+    for _ in range(10):
+        again = _gradients(q, k, v, cu_q, cu_k, 700, 900, dout, causal=True, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_backward_fake_implementation_gives_gradient_shapes():
+    q, k, v, cu_q, cu_k = _meta_inputs()
+    out, lse = torch.ops.flashhop.varlen_fwd(q, k, v, cu_q, cu_k, None, None, 5, 10, None, True, -1, 0, 0.0)
+    grads = torch.ops.flashhop.varlen_bwd(out, q, k, v, out, lse, cu_q, cu_k, None, None, 5, 10, None, True, -1, 0,
+                                          0.0, True)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]

@@ -129,6 +129,14 @@ flashhop::Status to_cpp(const flashhop_backward_args_t* args, flashhop::Backward
   out->dk = to_cpp(args->dk);
   out->dv = to_cpp(args->dv);
   out->deterministic = args->deterministic == 1;
+  for (const auto& [tensor, field] : {std::pair{args->cu_seqlens_q, &out->cu_seqlens_q},
+                                      std::pair{args->cu_seqlens_k, &out->cu_seqlens_k},
+                                      std::pair{args->seqused_q, &out->seqused_q},
+                                      std::pair{args->seqused_k, &out->seqused_k}}) {
+    if (tensor != nullptr) *field = to_cpp(*tensor);
+  }
+  out->max_seqlen_q = args->max_seqlen_q;
+  out->max_seqlen_k = args->max_seqlen_k;
   return flashhop::Status::success();
 }
 

@@ -336,23 +336,44 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
   params.dk = args.dk.data;
   params.dv = args.dv.data;
 
-  params.batch = static_cast<int>(args.q.shape[0]);
-  params.seqlen_q = static_cast<int>(args.q.shape[1]);
-  params.nheads = static_cast<int>(args.q.shape[2]);
-  params.seqlen_k = static_cast<int>(args.k.shape[1]);
-  params.nheads_kv = static_cast<int>(args.k.shape[2]);
-  params.head_dim = static_cast<int>(args.q.shape[3]);
-  params.head_dim_v = static_cast<int>(args.v.shape[3]);
+  // A variable-length batch's tensors read as one batch entry of its packed rows; sequence b starts
+  // at row cu_seqlens[b], not at a multiple of a batch stride (0).
+  const bool varlen = args.cu_seqlens_q.has_value();
+  const auto batched = [&](const TensorDesc& t) { return varlen ? as_one_batch(t) : t; };
+  const TensorDesc q = batched(args.q), k = batched(args.k), v = batched(args.v);
+  params.nheads = static_cast<int>(q.shape[2]);
+  params.nheads_kv = static_cast<int>(k.shape[2]);
+  params.head_dim = static_cast<int>(q.shape[3]);
+  params.head_dim_v = static_cast<int>(v.shape[3]);
+  if (varlen) {
+    params.batch = static_cast<int>(args.cu_seqlens_q->shape[0] - 1);
+    params.total_q = static_cast<int>(args.q.shape[0]);
+    params.total_k = static_cast<int>(args.k.shape[0]);
+    params.seqlen_q = std::min(args.max_seqlen_q, params.total_q);
+    params.seqlen_k = std::min(args.max_seqlen_k, params.total_k);
+    params.cu_seqlens_q = int_data(args.cu_seqlens_q);
+    params.cu_seqlens_k = int_data(args.cu_seqlens_k);
+    params.seqused_q = int_data(args.seqused_q);
+    params.seqused_k = int_data(args.seqused_k);
+  } else {
+    params.batch = static_cast<int>(q.shape[0]);
+    params.seqlen_q = static_cast<int>(q.shape[1]);
+    params.seqlen_k = static_cast<int>(k.shape[1]);
+  }
 
-  normalise_unit_strides(args.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
-  normalise_unit_strides(args.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
-  normalise_unit_strides(args.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
-  normalise_unit_strides(args.o, params.o_batch_stride, params.o_row_stride, params.o_head_stride);
-  normalise_unit_strides(args.dout, params.do_batch_stride, params.do_row_stride, params.do_head_stride);
-  normalise_unit_strides(args.dq, params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride);
-  normalise_unit_strides(args.dk, params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride);
-  normalise_unit_strides(args.dv, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride);
-  normalise_unit_strides(args.lse, params.lse_batch_stride, params.lse_head_stride, params.lse_row_stride);
+  const auto strides = [&](const TensorDesc& t, std::int64_t& batch, std::int64_t& row, std::int64_t& head) {
+    normalise_unit_strides(batched(t), batch, row, head);
+    if (varlen) batch = 0;
+  };
+  strides(args.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride);
+  strides(args.k, params.k_batch_stride, params.k_row_stride, params.k_head_stride);
+  strides(args.v, params.v_batch_stride, params.v_row_stride, params.v_head_stride);
+  strides(args.o, params.o_batch_stride, params.o_row_stride, params.o_head_stride);
+  strides(args.dout, params.do_batch_stride, params.do_row_stride, params.do_head_stride);
+  strides(args.dq, params.dq_batch_stride, params.dq_row_stride, params.dq_head_stride);
+  strides(args.dk, params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride);
+  strides(args.dv, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride);
+  strides(args.lse, params.lse_batch_stride, params.lse_head_stride, params.lse_row_stride);
 
   params.softmax_scale = kernel_softmax_scale(args.softmax_scale, params.head_dim);
   params.softcap = args.softcap;
@@ -367,9 +388,11 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
       plan.recipe = i;
     }
   }
-  plan.workspace = params.batch == 0 ? sm90::BackwardWorkspace{}
-                                     : sm90::BackwardWorkspace::plan(params.batch, params.nheads, params.seqlen_q,
-                                                                     params.head_dim, params.deterministic);
+  plan.workspace = params.batch == 0
+                       ? sm90::BackwardWorkspace{}
+                       : sm90::BackwardWorkspace::plan(params.batch, params.nheads, params.seqlen_q,
+                                                       varlen ? params.total_q : -1, params.head_dim,
+                                                       params.deterministic);
   return plan;
 }
 

@@ -625,16 +625,17 @@ Status validate_forward(const ForwardArgs& args) {
 namespace {
 
 // The (head_dim, head_dim_v) pairs that have backward recipes (tools/backward_recipes.py), listed.
-Status check_backward_head_dims(const Operand& q, const Operand& v) {
+// `d`: the head dim's dimension (3, or 2 in the variable-length layout).
+Status check_backward_head_dims(const Operand& q, const Operand& v, int d) {
   std::vector<std::string> pairs;
   for (const sm90::BackwardRecipe& recipe : sm90::kBackwardRecipes) {
-    if (recipe.head_dim == q.dim(3) && recipe.head_dim_v == v.dim(3)) return Status::success();
+    if (recipe.head_dim == q.dim(d) && recipe.head_dim_v == v.dim(d)) return Status::success();
     pairs.push_back(recipe.head_dim == recipe.head_dim_v ? std::to_string(recipe.head_dim)
                                                          : "(" + std::to_string(recipe.head_dim) + ", " +
                                                                std::to_string(recipe.head_dim_v) + ")");
   }
-  return fail(StatusCode::kNotSupported, "q.shape[3] (head_dim) = ", q.dim(3), ", v.shape[3] (head_dim_v) = ",
-              v.dim(3), ": the backward pass supports head dims ", listed(pairs));
+  return fail(StatusCode::kNotSupported, dim_label(q, d), " = ", q.dim(d), ", ", dim_label(v, d), " = ", v.dim(d),
+              ": the backward pass supports head dims ", listed(pairs));
 }
 
 }  // namespace
@@ -652,29 +653,57 @@ Status validate_backward(const BackwardArgs& args) {
   forward.window_left = args.window_left;
   forward.window_right = args.window_right;
   forward.softcap = args.softcap;
+  forward.cu_seqlens_q = args.cu_seqlens_q;
+  forward.cu_seqlens_k = args.cu_seqlens_k;
+  forward.seqused_q = args.seqused_q;
+  forward.seqused_k = args.seqused_k;
+  forward.max_seqlen_q = args.max_seqlen_q;
+  forward.max_seqlen_k = args.max_seqlen_k;
   if (Status status = validate_forward(forward); !status.ok()) return status;
 
-  const Operand q{"q", args.q, kQDims, 4};
-  const Operand k{"k", args.k, kKDims, 4};
-  const Operand v{"v", args.v, kVDims, 4};
-  const Operand o{"o", args.o, kODims, 4};
-  const Operand lse{"lse", args.lse, kLseDims, 3};
-  const Operand dout{"dout", args.dout, kODims, 4};
-  const Operand dq{"dq", args.dq, kQDims, 4};
-  const Operand dk{"dk", args.dk, kKDims, 4};
-  const Operand dv{"dv", args.dv, kVDims, 4};
+  const bool varlen = args.cu_seqlens_q.has_value();
+  const int rank = varlen ? 3 : 4;
+  const Operand q{"q", args.q, varlen ? kVarlenQDims : kQDims, rank};
+  const Operand k{"k", args.k, varlen ? kVarlenKDims : kKDims, rank};
+  const Operand v{"v", args.v, varlen ? kVarlenVDims : kVDims, rank};
+  const Operand o{"o", args.o, varlen ? kVarlenODims : kODims, rank};
+  const Operand lse{"lse", args.lse, varlen ? kVarlenLseDims : kLseDims, rank - 1};
+  const Operand dout{"dout", args.dout, o.dim_names, rank};
+  const Operand dq{"dq", args.dq, q.dim_names, rank};
+  const Operand dk{"dk", args.dk, k.dim_names, rank};
+  const Operand dv{"dv", args.dv, v.dim_names, rank};
   const std::pair<const Operand*, const Operand*> like[] = {{&dout, &o}, {&dq, &q}, {&dk, &k}, {&dv, &v}};
+  std::vector<const Operand*> read = {&q, &k, &v, &o, &lse, &dout};
+  std::optional<Operand> indices[4];
+  const std::pair<const char*, const std::optional<TensorDesc>*> index_args[] = {
+      {"cu_seqlens_q", &args.cu_seqlens_q},
+      {"cu_seqlens_k", &args.cu_seqlens_k},
+      {"seqused_q", &args.seqused_q},
+      {"seqused_k", &args.seqused_k}};
+  for (int i = 0; i < 4; ++i) {
+    const auto& [name, desc] = index_args[i];
+    if (*desc) read.push_back(&indices[i].emplace(Operand{name, **desc, i < 2 ? kCuSeqlensDims : kSequsedDims, 1}));
+  }
 
   FirstError checks;
-  for (const auto& [t, source] : like) checks << check_rank(*t);
+  for (const auto& [t, source] : like) checks << check_rank(*t, varlen ? kWithCuSeqlens : "");
   if (!checks.status().ok()) return checks.status();
   for (const auto& [t, source] : like) checks << check_dtype(*t, args.q.dtype, "the dtype of q");
   for (const auto& [t, source] : like) {
-    for (int d = 0; d < 4; ++d) checks << check_dim_matches(*t, d, *source, d);
+    for (int d = 0; d < rank; ++d) checks << check_dim_matches(*t, d, *source, d);
   }
   if (!checks.status().ok()) return checks.status();
   // The key tiles' CTAs are numbered in 32 bits, as the query tiles are.
-  if (!query_tiles_fit(k)) {
+  if (varlen) {
+    const std::int64_t batch = args.cu_seqlens_q->shape[0] - 1;
+    const std::int64_t max_k = effective_max_seqlen(args.max_seqlen_k, k.dim(0));
+    const std::int64_t per_sequence = (max_k + sm90::kSmallestBlockM - 1) / sm90::kSmallestBlockM * k.dim(1);
+    if (batch > 0 && per_sequence > sm90::kMaxQueryTiles / batch) {
+      return invalid("cu_seqlens_q.shape[0] - 1 (batch) = ", batch, ", max_seqlen_k = ", max_k, ", nheads_kv ",
+                     k.dim(1), ": batch * ceil(max_seqlen_k / ", sm90::kSmallestBlockM,
+                     ") * nheads_kv key tiles, expected <= ", sm90::kMaxQueryTiles);
+    }
+  } else if (!query_tiles_fit(k)) {
     return invalid("k.shape (batch ", k.dim(0), ", seqlen_k ", k.dim(1), ", nheads_kv ", k.dim(2),
                    "): batch * ceil(seqlen_k / ", sm90::kSmallestBlockM, ") * nheads_kv key tiles, expected <= ",
                    sm90::kMaxQueryTiles);
@@ -685,12 +714,13 @@ Status validate_backward(const BackwardArgs& args) {
            << check_same_device(*t, q);
   }
   for (const Operand* output : {&dq, &dk, &dv}) {
-    for (const Operand* other : {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv}) {
+    for (const Operand* other : read) checks << check_no_overlap(*output, *other);
+    for (const Operand* other : {&dq, &dk, &dv}) {
       if (other != output) checks << check_no_overlap(*output, *other);
     }
   }
   if (!checks.status().ok()) return checks.status();
-  return check_backward_head_dims(q, v);
+  return check_backward_head_dims(q, v, rank - 1);
 }
 
 namespace {

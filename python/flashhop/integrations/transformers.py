@@ -10,8 +10,8 @@ where a key is a token, or None, and describe causality, sliding windows and sof
 arguments, as they do for FlashAttention; no 4-D mask is built.
 
 Padded batches, and packed sequences (position ids that restart, or cu_seq_lens from a data
-collator), run through `varlen_attention`: one call of flashhop's variable-length kernels where no
-gradient is asked for, one sequence at a time where one is (no variable-length backward yet).
+collator), run through `varlen_attention`: one call of flashhop's variable-length kernels, forward
+and backward.
 What flashhop cannot compute falls back to PyTorch with a warning, once per reason: tensors off the
 GPU, dtypes other than float16 / bfloat16, head dims without kernels, dropout, a 4-D mask or a
 position bias (those go to transformers' SDPA function as they are).
@@ -114,12 +114,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, attend):
     """flash_attn_varlen_func's computation: q (total_q, nheads, head_dim), k and v (total_k,
     nheads_kv, head_dim[_v]), sequence i being rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q and
     likewise of k and v; attend(q, k, v) attends one sequence, batch 1 in FlashAttention's layout.
-    Where attend is flashhop's and no gradient is asked for (inference, generation), one call of
-    flashhop's variable-length kernels; else one sequence at a time (flashhop has no variable-length
-    backward yet). Returns (total_q, nheads, head_dim_v); a sequence without keys gets 0."""
+    Where attend is flashhop's, one call of flashhop's variable-length kernels (differentiable);
+    else (PyTorch's fallback) one sequence at a time. Returns (total_q, nheads, head_dim_v); a
+    sequence without keys gets 0."""
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if getattr(attend, "func", None) is flash_attn_func and not needs_grad:
+    if getattr(attend, "func", None) is flash_attn_func:
         longest = lambda bounds: max([end - start for start, end in zip(bounds, bounds[1:])] + [1])  # noqa: E731
         return flash_attn_varlen_func(q, k, v, cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32),
                                       longest(bounds_q), longest(bounds_k), **attend.keywords)

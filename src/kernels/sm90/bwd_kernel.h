@@ -19,6 +19,11 @@
 //                shared memory, half of the columns of dV, dK and dQ;
 //   postprocess  dQ = softmax_scale * accumulator, converted to the element type.
 //
+// A variable-length batch (BackwardParams' cu_seqlens) runs the same kernels on the grid of its
+// bounds: each CTA reads its sequence's rows and lengths (varlen.h) and returns at once where its
+// tile lies past them; TMA reads the packed tensors from the sequence's first row (the rows past
+// the sequence weigh zero: their keys are masked, their queries' LSE is +inf).
+//
 // A producer warp loads Q with its LSE and dO with its D into rings of kStages stages (TMA, bulk
 // copies, mbarrier pipelines). Scores are kept unscaled as in the forward (softmax.h): s = q.k, or
 // t = tanh(q.k * softmax_scale / softcap) with soft-capping, and softmax_scale (times 1 - t^2)
@@ -37,6 +42,7 @@
 #include "kernels/sm90/gmma_utils.h"
 #include "kernels/sm90/mask.h"
 #include "kernels/sm90/softmax.h"
+#include "kernels/sm90/varlen.h"
 
 namespace flashhop::sm90 {
 
@@ -211,17 +217,60 @@ struct BackwardKernel {
   using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOf<HeadDimV>{}, SmemLayoutV{},
                                             cute::Shape<BlockN, HeadDimV>{}, cute::_1{}));
 
+  // One sequence of the batch: its first rows in the packed tensors (0 in a fixed-length batch,
+  // whose TMA coordinate batch_coord names the batch entry instead), its lengths, and its first
+  // query block in the workspace (BackwardWorkspace).
+  struct Sequence {
+    int q_begin, k_begin;
+    int seqlen_q, seqlen_k;
+    int batch_coord;
+    int64_t first_block;
+  };
+
+  // Where the batch's sequences lie, for the three kernels.
+  struct Batch {
+    VarlenSequences sequences;  // cu_seqlens_q null in a fixed-length batch
+    int seqlen_q, seqlen_k;     // the fixed-length batch's lengths, or the bounds
+    int nheads;
+    int m_blocks;               // query blocks of seqlen_q
+    int64_t blocks_per_head;    // of the workspace
+
+    static Batch of(BackwardParams const& p) {
+      VarlenSequences sequences{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, nullptr,
+                                p.total_q,      p.total_k,      p.seqlen_q,  p.seqlen_k};
+      BackwardWorkspace const workspace = BackwardWorkspace::plan(
+          p.batch, p.nheads, p.seqlen_q, p.cu_seqlens_q != nullptr ? p.total_q : -1, p.head_dim, false);
+      return {sequences, p.seqlen_q, p.seqlen_k, p.nheads, (p.seqlen_q + kBlockM - 1) / kBlockM,
+              workspace.blocks_per_head};
+    }
+    CUTLASS_DEVICE Sequence sequence(int b) const {
+      if (sequences.cu_seqlens_q == nullptr) return {0, 0, seqlen_q, seqlen_k, b, int64_t{b} * m_blocks};
+      SequenceSpan const s = sequences.span(b);
+      return {s.q_begin, s.k_begin, s.seqlen_q, s.seqlen_k, 0, (int64_t{s.q_begin} + int64_t{b} * kBlockM) / kBlockM};
+    }
+    // The workspace's query block m_block of `head` in sequence s.
+    CUTLASS_DEVICE int64_t row_block(Sequence const& s, int head, int m_block) const {
+      return head * blocks_per_head + s.first_block + m_block;
+    }
+    // Its semaphore (`deterministic`): one per (batch, head, query block of seqlen_q).
+    CUTLASS_DEVICE int64_t semaphore(int b, int head, int m_block) const {
+      return (int64_t{b} * nheads + head) * m_blocks + m_block;
+    }
+  };
+
   struct Params {
     TmaQ tma_q;
     TmaDO tma_do;
     TmaK tma_k;
     TmaV tma_v;
-    Mask mask;
-    int seqlen_q, seqlen_k, nheads, nheads_kv, batch;
-    int m_blocks, n_blocks;
-    float const* lse_log2;  // (batch, nheads, m_blocks * kBlockM)
+    Mask mask;  // of seqlen_q and seqlen_k; a sequence's takes its own lengths
+    Batch rows;
+    int q_rows, k_rows, tma_batch;  // the TMA tensors' extents
+    int nheads_kv;
+    int n_blocks;  // key tiles of seqlen_k
+    float const* lse_log2;  // (nheads, blocks_per_head * kBlockM)
     float const* delta;
-    float* dq_accum;    // (batch, nheads, m_blocks, kDqTileFloats)
+    float* dq_accum;    // (nheads, blocks_per_head, kDqTileFloats)
     int* dq_semaphore;  // (batch, nheads, m_blocks) with `deterministic`, else null
     Element* dk;
     int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
@@ -242,34 +291,37 @@ struct BackwardKernel {
 
   static Params to_params(BackwardParams const& p) {
     using namespace cute;
+    // A variable-length batch's tensors are one batch entry of all their rows.
+    bool const varlen = p.cu_seqlens_q != nullptr;
+    int const tma_batch = varlen ? 1 : p.batch;
+    int const queries = varlen ? p.total_q : p.seqlen_q;
     // TMA descriptors need non-empty extents: without query rows the walk is empty (no Q or dO is
     // loaded), and Q and dO borrow K's address and a length of one.
-    bool const no_queries = p.seqlen_q == 0;
+    bool const no_queries = queries == 0;
     auto gmem = [&](void const* ptr, auto dim, int seqlen, int heads, int64_t row, int64_t head, int64_t batch) {
-      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, p.batch),
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(seqlen, dim, heads, tma_batch),
                          make_stride(row, _1{}, head, batch));
     };
-    int const rows = no_queries ? 1 : p.seqlen_q;
+    int const q_rows = no_queries ? 1 : queries;
+    int const k_rows = varlen ? p.total_k : p.seqlen_k;
     auto mQ =
-        gmem(no_queries ? p.k : p.q, HeadDim{}, rows, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
-    auto mDO = gmem(no_queries ? p.v : p.dout, HeadDimV{}, rows, p.nheads, p.do_row_stride, p.do_head_stride,
+        gmem(no_queries ? p.k : p.q, HeadDim{}, q_rows, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+    auto mDO = gmem(no_queries ? p.v : p.dout, HeadDimV{}, q_rows, p.nheads, p.do_row_stride, p.do_head_stride,
                     p.do_batch_stride);
-    auto mK = gmem(p.k, HeadDim{}, p.seqlen_k, p.nheads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-    auto mV = gmem(p.v, HeadDimV{}, p.seqlen_k, p.nheads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+    auto mK = gmem(p.k, HeadDim{}, k_rows, p.nheads_kv, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+    auto mV = gmem(p.v, HeadDimV{}, k_rows, p.nheads_kv, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     float constexpr kLog2e = 1.4426950408889634f;
     bool const softcap = p.softcap > 0.f;
-    int const m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
     return {make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(SmemLayoutQ{}), Shape<BlockM, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mDO, take<0, 2>(SmemLayoutDO{}), Shape<BlockM, HeadDimV>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mK, SmemLayoutK{}, Shape<BlockN, HeadDim>{}, _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, mV, SmemLayoutV{}, Shape<BlockN, HeadDimV>{}, _1{}),
             make_mask(p),
-            p.seqlen_q,
-            p.seqlen_k,
-            p.nheads,
+            Batch::of(p),
+            q_rows,
+            k_rows,
+            tma_batch,
             p.nheads_kv,
-            p.batch,
-            m_blocks,
             (p.seqlen_k + kBlockN - 1) / kBlockN,
             p.lse_log2,
             p.delta,
@@ -301,20 +353,16 @@ struct BackwardKernel {
   }
 
   // The query tiles that key tile n_block visits (a mask's query_blocks on its real keys).
-  static CUTLASS_DEVICE QueryBlocks query_blocks(Params const& params, int n_block) {
+  static CUTLASS_DEVICE QueryBlocks query_blocks(Mask const& mask, int n_block) {
     int const first_key = n_block * kBlockN;
-    int const last_key = cute::min(first_key + kBlockN, params.seqlen_k) - 1;
-    return params.mask.template query_blocks<kBlockM>(first_key, last_key);
-  }
-
-  // Index of (batch, head, m_block) among the query blocks of the workspace.
-  static CUTLASS_DEVICE int64_t row_block_index(Params const& params, int batch, int head, int m_block) {
-    return (int64_t{batch} * params.nheads + head) * params.m_blocks + m_block;
+    int const last_key = cute::min(first_key + kBlockN, mask.seqlen_k) - 1;
+    return mask.template query_blocks<kBlockM>(first_key, last_key);
   }
 
   // Producer, one thread: K and V once, then per step the query tile's Q with its LSE and dO with its D.
   static CUTLASS_DEVICE void load(Params const& params, SharedStorage& shared, Pipeline& pipeline_q,
-                                  Pipeline& pipeline_do, Work const& work, QueryBlocks const& blocks, int steps) {
+                                  Pipeline& pipeline_do, Work const& work, Sequence const& seq,
+                                  QueryBlocks const& blocks, int steps) {
     using namespace cute;
     cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
@@ -324,20 +372,24 @@ struct BackwardKernel {
     Tensor sDO = make_tensor(make_smem_ptr(shared.dout.data()), SmemLayoutDO{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), SmemLayoutV{});
-    int const rows = cute::max(params.seqlen_q, 1);  // as in to_params
-    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(rows, HeadDim{}, params.nheads, params.batch));
-    Tensor mDO = params.tma_do.get_tma_tensor(make_shape(rows, HeadDimV{}, params.nheads, params.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.seqlen_k, HeadDim{}, params.nheads_kv, params.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.seqlen_k, HeadDimV{}, params.nheads_kv, params.batch));
+    int const nheads = params.rows.nheads;
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.q_rows, HeadDim{}, nheads, params.tma_batch));
+    Tensor mDO = params.tma_do.get_tma_tensor(make_shape(params.q_rows, HeadDimV{}, nheads, params.tma_batch));
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.k_rows, HeadDim{}, params.nheads_kv, params.tma_batch));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.k_rows, HeadDimV{}, params.nheads_kv, params.tma_batch));
+    // The sequence's rows of a head (from its first row in a variable-length batch).
+    auto rows_of = [&](auto const& tensor, int head, int first_row) {
+      return domain_offset(make_coord(first_row, _0{}), tensor(_, _, head, seq.batch_coord));
+    };
     auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_do = params.tma_do.get_slice(_0{});
     auto tma_k = params.tma_k.get_slice(_0{});
     auto tma_v = params.tma_v.get_slice(_0{});
 
-    Tensor gK =
-        local_tile(mK(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDim>{}, make_coord(work.n_block, _0{}));
-    Tensor gV =
-        local_tile(mV(_, _, work.head_kv, work.batch), Shape<BlockN, HeadDimV>{}, make_coord(work.n_block, _0{}));
+    Tensor gK = local_tile(rows_of(mK, work.head_kv, seq.k_begin), Shape<BlockN, HeadDim>{},
+                           make_coord(work.n_block, _0{}));
+    Tensor gV = local_tile(rows_of(mV, work.head_kv, seq.k_begin), Shape<BlockN, HeadDimV>{},
+                           make_coord(work.n_block, _0{}));
     using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
     shared.kv_full.arrive_and_expect_tx(kKVBytes);
     copy(params.tma_k.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_k.partition_S(gK),
@@ -345,16 +397,17 @@ struct BackwardKernel {
     copy(params.tma_v.with(reinterpret_cast<BarrierType&>(shared.kv_full)), tma_v.partition_S(gV),
          tma_v.partition_D(sV));
 
-    int const group = params.nheads / params.nheads_kv;
+    int const group = nheads / params.nheads_kv;
     int const m_count = blocks.end - blocks.begin;
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     CUTLASS_PRAGMA_NO_UNROLL
     for (int step = 0; step < steps; ++step) {
       int const head = work.head_kv * group + step / m_count;
       int const m_block = blocks.begin + step % m_count;
-      int64_t const row_values = row_block_index(params, work.batch, head, m_block) * kBlockM;
-      Tensor gQ = local_tile(mQ(_, _, head, work.batch), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
-      Tensor gDO = local_tile(mDO(_, _, head, work.batch), Shape<BlockM, HeadDimV>{}, make_coord(m_block, _0{}));
+      int64_t const row_values = params.rows.row_block(seq, head, m_block) * kBlockM;
+      Tensor gQ = local_tile(rows_of(mQ, head, seq.q_begin), Shape<BlockM, HeadDim>{}, make_coord(m_block, _0{}));
+      Tensor gDO =
+          local_tile(rows_of(mDO, head, seq.q_begin), Shape<BlockM, HeadDimV>{}, make_coord(m_block, _0{}));
 
       pipeline_q.producer_acquire(write);
       BarrierType* q_barrier = pipeline_q.producer_get_barrier(write);
@@ -372,8 +425,8 @@ struct BackwardKernel {
 
   // Consumers: thread_idx in [0, kConsumerThreads), consumer the warpgroup (0 or 1).
   static CUTLASS_DEVICE void compute(Params const& params, SharedStorage& shared, Pipeline& pipeline_q,
-                                     Pipeline& pipeline_do, Work const& work, QueryBlocks const& blocks, int steps,
-                                     int thread_idx, int consumer) {
+                                     Pipeline& pipeline_do, Work const& work, Sequence const& seq, Mask const& mask,
+                                     QueryBlocks const& blocks, int steps, int thread_idx, int consumer) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), SmemLayoutQ{});
     Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), SmemLayoutQt{});
@@ -417,7 +470,7 @@ struct BackwardKernel {
     clear(dv_accum);
     clear(dk_accum);
 
-    int const group = params.nheads / params.nheads_kv;
+    int const group = params.rows.nheads / params.nheads_kv;
     int const m_count = blocks.end - blocks.begin;
     int const first_key = work.n_block * kBlockN;
     bool const leader = thread_idx == 0;  // issues the dQ reductions
@@ -442,8 +495,8 @@ struct BackwardKernel {
       // does not wholly see need the per-element mask.
       warpgroup_wait<1>();
       float const* lse_log2 = shared.lse_log2.data() + stage * kBlockM;
-      bool const whole_tile = first_key + kBlockN <= params.seqlen_k &&
-                              params.mask.sees_whole_tile(m_block * kBlockM, kBlockM, first_key, kBlockN);
+      bool const whole_tile = first_key + kBlockN <= seq.seqlen_k &&
+                              mask.sees_whole_tile(m_block * kBlockM, kBlockM, first_key, kBlockN);
       Tensor dtanh = make_fragment_like(s_accum);  // 1 - t^2, with soft-capping
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(s_accum); ++i) {
@@ -458,7 +511,7 @@ struct BackwardKernel {
       if (!whole_tile) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(s_accum); ++i) {
-          RowKeys const keys = params.mask.row_keys(m_block * kBlockM + get<1>(coords(i)));
+          RowKeys const keys = mask.row_keys(m_block * kBlockM + get<1>(coords(i)));
           int const key = first_key + get<0>(coords(i));
           if (key < keys.begin || key >= keys.end) s_accum(i) = 0.f;
         }
@@ -512,12 +565,14 @@ struct BackwardKernel {
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDqBarrier);
       if (leader) {
-        int64_t const block = row_block_index(params, work.batch, head, m_block);
-        int* semaphore = params.dq_semaphore != nullptr ? params.dq_semaphore + block : nullptr;
+        int64_t const block = params.rows.row_block(seq, head, m_block);
+        int* semaphore = params.dq_semaphore != nullptr
+                             ? params.dq_semaphore + params.rows.semaphore(work.batch, head, m_block)
+                             : nullptr;
         if (semaphore != nullptr) {
           // This tile's turn: after every lower key tile that visits the query tile.
-          int const last_query = cute::min(m_block * kBlockM + kBlockM, params.seqlen_q) - 1;
-          int const turn = work.n_block - params.mask.template key_blocks<kBlockN>(m_block * kBlockM, last_query).begin;
+          int const last_query = cute::min(m_block * kBlockM + kBlockM, seq.seqlen_q) - 1;
+          int const turn = work.n_block - mask.template key_blocks<kBlockN>(m_block * kBlockM, last_query).begin;
           while (load_acquire(semaphore) != turn) {
           }
         }
@@ -532,25 +587,25 @@ struct BackwardKernel {
     }
     if (leader) tma_store_wait<0>();  // the last reduction has read the buffer before the CTA exits
 
-    store_rows<kHeadDim>(params, dk_accum, mma_dk, params.dk, params.dk_batch_stride, params.dk_row_stride,
-                         params.dk_head_stride, params.softmax_scale, work, thread_idx);
-    store_rows<kHeadDimV>(params, dv_accum, mma_dv, params.dv, params.dv_batch_stride, params.dv_row_stride,
-                          params.dv_head_stride, 1.f, work, thread_idx);
+    store_rows<kHeadDim>(dk_accum, mma_dk, params.dk, params.dk_batch_stride, params.dk_row_stride,
+                         params.dk_head_stride, params.softmax_scale, work, seq, thread_idx);
+    store_rows<kHeadDimV>(dv_accum, mma_dv, params.dv, params.dv_batch_stride, params.dv_row_stride,
+                          params.dv_head_stride, 1.f, work, seq, thread_idx);
   }
 
   // dK or dV (kCols columns, scaled by `scale`) from the accumulator into global memory, the key
-  // rows below seqlen_k, two adjacent columns per store.
+  // rows below the sequence's seqlen_k, two adjacent columns per store.
   template <int kCols, class Accum, class TiledMma>
-  static CUTLASS_DEVICE void store_rows(Params const& params, Accum const& accum, TiledMma const& mma, Element* out,
-                                        int64_t batch_stride, int64_t row_stride, int64_t head_stride, float scale,
-                                        Work const& work, int thread_idx) {
+  static CUTLASS_DEVICE void store_rows(Accum const& accum, TiledMma const& mma, Element* out, int64_t batch_stride,
+                                        int64_t row_stride, int64_t head_stride, float scale, Work const& work,
+                                        Sequence const& seq, int thread_idx) {
     using namespace cute;
     Tensor coords = mma.get_thread_slice(thread_idx).partition_C(make_identity_tensor(Shape<BlockN, Int<kCols>>{}));
-    Element* base = out + work.batch * batch_stride + work.head_kv * head_stride;
+    Element* base = out + work.batch * batch_stride + work.head_kv * head_stride + seq.k_begin * row_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accum); i += 2) {
       int const row = work.n_block * kBlockN + get<0>(coords(i));
-      if (row < params.seqlen_k) {
+      if (row < seq.seqlen_k) {
         store_pair(base + row * row_stride + get<1>(coords(i)), accum(i) * scale, accum(i + 1) * scale);
       }
     }
@@ -561,8 +616,13 @@ struct BackwardKernel {
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_group = cutlass::canonical_warp_group_idx();  // 0: producer, 1 ..: consumers
     Work const work = work_of(params);
-    QueryBlocks const blocks = query_blocks(params, work.n_block);
-    int const steps = blocks.empty() ? 0 : (params.nheads / params.nheads_kv) * (blocks.end - blocks.begin);
+    Sequence const seq = params.rows.sequence(work.batch);
+    if (work.n_block * kBlockN >= seq.seqlen_k) return;  // past a shorter sequence's keys
+    Mask mask = params.mask;
+    mask.seqlen_q = seq.seqlen_q;
+    mask.seqlen_k = seq.seqlen_k;
+    QueryBlocks const blocks = query_blocks(mask, work.n_block);
+    int const steps = blocks.empty() ? 0 : (params.rows.nheads / params.nheads_kv) * (blocks.end - blocks.begin);
 
     if (threadIdx.x == 0) shared.kv_full.init(1);
     auto const pipeline_params = [&](std::uint32_t stage_bytes) {
@@ -579,11 +639,11 @@ struct BackwardKernel {
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
-      if (threadIdx.x == 0 && steps > 0) load(params, shared, pipeline_q, pipeline_do, work, blocks, steps);
+      if (threadIdx.x == 0 && steps > 0) load(params, shared, pipeline_q, pipeline_do, work, seq, blocks, steps);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Roles::kConsumerRegisters>();
-      compute(params, shared, pipeline_q, pipeline_do, work, blocks, steps, threadIdx.x - kThreadsPerWarpGroup,
-              warp_group - 1);
+      compute(params, shared, pipeline_q, pipeline_do, work, seq, mask, blocks, steps,
+              threadIdx.x - kThreadsPerWarpGroup, warp_group - 1);
     }
   }
 
@@ -598,7 +658,7 @@ struct BackwardKernel {
     int64_t do_batch_stride, do_row_stride, do_head_stride;
     int64_t lse_batch_stride, lse_head_stride, lse_row_stride;
     int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
-    int seqlen_q, nheads, m_blocks;
+    Batch rows;
     float softmax_scale;
     float* lse_log2;
     float* delta;
@@ -622,44 +682,50 @@ struct BackwardKernel {
             p.dq_batch_stride,
             p.dq_row_stride,
             p.dq_head_stride,
-            p.seqlen_q,
-            p.nheads,
-            (p.seqlen_q + kBlockM - 1) / kBlockM,
+            Batch::of(p),
             p.softmax_scale,
             p.lse_log2,
             p.delta,
             p.dq_accum};
   }
 
-  // The query tile of a row-block CTA, query tiles fastest.
+  // The query tile of a row-block CTA (query tiles fastest), its sequence, and whether the tile
+  // holds rows of it (a variable-length batch's shorter sequences have fewer).
   struct RowBlock {
     int m_block, head, batch;
+    Sequence seq;
+    CUTLASS_DEVICE bool empty() const { return m_block * kBlockM >= seq.seqlen_q; }
   };
   static CUTLASS_DEVICE RowBlock row_block_of(RowParams const& params) {
     int const index = blockIdx.x;
-    return {index % params.m_blocks, index / params.m_blocks % params.nheads, index / params.m_blocks / params.nheads};
+    int const m_blocks = params.rows.m_blocks, nheads = params.rows.nheads;
+    int const batch = index / m_blocks / nheads;
+    return {index % m_blocks, index / m_blocks % nheads, batch, params.rows.sequence(batch)};
   }
 
-  // D = rowsum(dO * O) and LSE * log2(e) of the tile's rows (a warp per row; rows past seqlen_q get
-  // D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator cleared.
+  // D = rowsum(dO * O) and LSE * log2(e) of the tile's rows (a warp per row; rows past the
+  // sequence's queries get D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator
+  // cleared.
   static CUTLASS_DEVICE void preprocess(RowParams const& params) {
     RowBlock const at = row_block_of(params);
+    if (at.empty()) return;
     int const m_block = at.m_block, head = at.head, batch = at.batch;
     int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     constexpr int kWarps = kConsumerThreads / 32;
-    int64_t const block = (int64_t{batch} * params.nheads + head) * params.m_blocks + m_block;
+    int64_t const block = params.rows.row_block(at.seq, head, m_block);
     for (int r = warp; r < kBlockM; r += kWarps) {
       int const row = m_block * kBlockM + r;
       float sum = 0.f;
       float lse_log2 = cutlass::platform::numeric_limits<float>::infinity();
-      if (row < params.seqlen_q) {
-        Element const* o =
-            params.o + batch * params.o_batch_stride + row * params.o_row_stride + head * params.o_head_stride;
-        Element const* dout =
-            params.dout + batch * params.do_batch_stride + row * params.do_row_stride + head * params.do_head_stride;
+      if (row < at.seq.seqlen_q) {
+        int64_t const packed_row = at.seq.q_begin + row;
+        Element const* o = params.o + batch * params.o_batch_stride + packed_row * params.o_row_stride +
+                           head * params.o_head_stride;
+        Element const* dout = params.dout + batch * params.do_batch_stride + packed_row * params.do_row_stride +
+                              head * params.do_head_stride;
         for (int c = lane; c < kHeadDimV; c += 32) sum += float(o[c]) * float(dout[c]);
-        float const lse =
-            params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride + row * params.lse_row_stride];
+        float const lse = params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride +
+                                     packed_row * params.lse_row_stride];
         if (lse != -cutlass::platform::numeric_limits<float>::infinity()) lse_log2 = lse * 1.4426950408889634f;
       }
       CUTLASS_PRAGMA_UNROLL
@@ -673,19 +739,22 @@ struct BackwardKernel {
     for (int i = threadIdx.x; i < kDqTileFloats / 4; i += kConsumerThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
-  // dQ = softmax_scale * accumulator of the tile's rows below seqlen_q: thread t reads the values
-  // that consumer thread t added (TiledMmaDQ's fragment), two adjacent columns per store.
+  // dQ = softmax_scale * accumulator of the tile's rows below the sequence's seqlen_q: thread t
+  // reads the values that consumer thread t added (TiledMmaDQ's fragment), two adjacent columns per
+  // store.
   static CUTLASS_DEVICE void postprocess(RowParams const& params) {
     using namespace cute;
     RowBlock const at = row_block_of(params);
+    if (at.empty()) return;
     int const m_block = at.m_block, head = at.head, batch = at.batch;
     int const thread_idx = threadIdx.x;
-    int64_t const block = (int64_t{batch} * params.nheads + head) * params.m_blocks + m_block;
+    int64_t const block = params.rows.row_block(at.seq, head, m_block);
     float4 const* accum = reinterpret_cast<float4 const*>(params.dq_accum + block * kDqTileFloats);
     TiledMmaDQ mma_dq;
     Tensor coords = mma_dq.get_thread_slice(thread_idx).partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{}));
     static_assert(decltype(size(coords))::value == kDqFragment);
-    Element* dq = params.dq + batch * params.dq_batch_stride + head * params.dq_head_stride;
+    Element* dq = params.dq + batch * params.dq_batch_stride + head * params.dq_head_stride +
+                  at.seq.q_begin * params.dq_row_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < kDqFragment / 4; ++c) {
       float4 const chunk = accum[c * kConsumerThreads + thread_idx];
@@ -693,7 +762,7 @@ struct BackwardKernel {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; j += 2) {
         int const row = m_block * kBlockM + get<0>(coords(4 * c + j));
-        if (row < params.seqlen_q) {
+        if (row < at.seq.seqlen_q) {
           store_pair(dq + row * params.dq_row_stride + get<1>(coords(4 * c + j)), values[j] * params.softmax_scale,
                      values[j + 1] * params.softmax_scale);
         }

@@ -16,11 +16,12 @@ inline Status cuda_status(char const* what, cudaError_t error) {
 
 // The three kernels in stream order: preprocess (per query tile), main (per key tile), postprocess.
 // A call without query rows has nothing but dK = dV = 0 to write (the main kernel's empty walks);
-// one without keys, dQ = 0 (the accumulator the preprocess clears).
+// one without keys, dQ = 0 (the accumulator the preprocess clears). A variable-length batch runs
+// on the grids of its bounds.
 template <class Kernel>
 Status launch_kernels(BackwardParams const& p, cudaStream_t stream) {
   typename Kernel::RowParams const row_params = Kernel::to_row_params(p);
-  std::int64_t const row_blocks = std::int64_t{row_params.m_blocks} * p.nheads * p.batch;
+  std::int64_t const row_blocks = std::int64_t{row_params.rows.m_blocks} * p.nheads * p.batch;
   if (row_blocks > 0) {
     backward_preprocess_kernel<Kernel>
         <<<static_cast<unsigned>(row_blocks), Kernel::kConsumerThreads, 0, stream>>>(row_params);
