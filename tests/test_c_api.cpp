@@ -361,5 +361,35 @@ TEST(CApi, BackwardWorkspaceAndFlags) {
   EXPECT_EQ(last_error(), "args = null: expected backward arguments");
 }
 
+// The variable-length fields reach the backward: CVarlenArgs's call's workspace (8 heads of
+// ceil(100 / 64) + 3 row blocks of 64 rows: LSE, D and d = 128 floats of dq each), and a missing
+// bound named.
+TEST(CApi, BackwardVarlenFieldsArePassedOn) {
+  CVarlenArgs c;
+  flashhop_backward_args_t args{};
+  args.q = c.args.q;
+  args.k = c.args.k;
+  args.v = c.args.v;
+  args.o = c.args.o;
+  args.lse = c.lse;
+  const auto at = [](std::uintptr_t gib) { return reinterpret_cast<void*>(std::uintptr_t{0x7f3000000000} + (gib << 32)); };
+  args.dout = to_c(flashhop::make_contiguous(at(0), DType::kBFloat16, {100, 8, 128}));
+  args.dq = to_c(flashhop::make_contiguous(at(1), DType::kBFloat16, {100, 8, 128}));
+  args.dk = to_c(flashhop::make_contiguous(at(2), DType::kBFloat16, {300, 2, 128}));
+  args.dv = to_c(flashhop::make_contiguous(at(3), DType::kBFloat16, {300, 2, 128}));
+  args.cu_seqlens_q = c.args.cu_seqlens_q;
+  args.cu_seqlens_k = c.args.cu_seqlens_k;
+  args.seqused_k = c.args.seqused_k;
+  args.max_seqlen_q = 50;
+  args.max_seqlen_k = 200;
+  size_t bytes = 0;
+  ASSERT_EQ(flashhop_backward_workspace_size(&args, &bytes), FLASHHOP_SUCCESS) << last_error();
+  const size_t rows = 8 * 5 * 64;
+  EXPECT_EQ(bytes, rows * 4 * (2 + 128));
+  args.max_seqlen_k = 0;
+  EXPECT_EQ(flashhop_backward_workspace_size(&args, &bytes), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "max_seqlen_k = 0: expected >= 1 with cu_seqlens_k")) << last_error();
+}
+
 }  // namespace
 }  // namespace flashhop_test
