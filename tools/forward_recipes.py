@@ -2,21 +2,25 @@
 plan, dispatch, validation and CMake read (through tools/generate_instantiations.py, which writes
 src/kernels/sm90/fwd_recipes.h, the instantiation files and their CMake list from it).
 
-A recipe is a (head dims, mask kind, packed GQA rows, tile choice) configuration; each is compiled
-once per dtype of DTYPES. A head dim's rows are its kernels: one per mask kind, packed rows or not,
-with the default tile choice, plus a row per tile choice that has tiles of its own. Adding a head
-dim is adding its rows and running the generator.
+A recipe is a (head dims, mask kind, packed GQA rows, tile choice, FP8) configuration; each is
+compiled once per dtype of its kind (dtypes_of: FP8 recipes for e4m3 inputs, the others for bf16
+and fp16). A head dim's rows are its kernels: one per mask kind, packed rows or not, with the
+default tile choice, plus a row per tile choice that has tiles of its own. Adding a head dim is
+adding its rows and running the generator.
 
 Shared memory: 228 KB per SM, at most 227 KB per CTA; the CTA holds Q (block_m x d), `stages` K
-tiles (block_n x d) and V tiles (block_n x dv), and O (block_m x dv) where it fits (o_buffer).
+tiles (block_n x d) and V tiles (block_n x dv), and O (block_m x dv) where it fits (o_buffer); FP8
+(1-byte Q, K and V, 2-byte O) also `stages` tiles of V transposed (fp8_transpose.h).
 Registers per consumer thread: 240 with two consumer warpgroups, 160 with three, 232 with one
 (two CTAs per SM); S takes block_n / 2 floats, O dv / 2, P block_n / 4 packed registers.
 The evidence behind each choice is in docs/PERFORMANCE.md's decision log (D<n>).
 """
 from dataclasses import dataclass, field
 
-DTYPES = {"bf16": ("cutlass::bfloat16_t", "DType::kBFloat16"), "fp16": ("cutlass::half_t", "DType::kFloat16")}
-ELEMENT_BYTES = 2
+DTYPES = {"bf16": ("cutlass::bfloat16_t", "DType::kBFloat16"), "fp16": ("cutlass::half_t", "DType::kFloat16"),
+          "e4m3": ("cutlass::float_e4m3_t", "DType::kFloat8E4M3")}
+FP8_DTYPES = ("e4m3",)
+O_BYTES = 2  # bf16 / fp16 O, also of the FP8 kernels
 SHARED_BYTES_PER_CTA = 227 * 1024
 BARRIER_BYTES = 2048  # room left for the mbarriers and the tile ring next to the tensors
 
@@ -52,6 +56,7 @@ class Recipe:
     softmax_chains: int = 1  # interleaved dependency chains of each row's max and sum
     mask_by_chunks: bool = False  # band tiles masked by warp column chunks of 32 keys
     softcap_per_kernel: bool = False  # a kernel per soft-capping choice instead of a branch
+    fp8: bool = False  # e4m3 Q, K and V (bf16 O), V transposed by producer warps
     ptxas_register_usage_level: int = -1  # -1: ptxas's default
     # Derived by the rules below (derive()); a row may not set them.
     derived: dict = field(default_factory=dict, compare=False)
@@ -61,16 +66,23 @@ class Recipe:
         d, dv = self.head_dims
         dims = f"{d}" if d == dv else f"{d}x{dv}"
         suffix = "_packgqa" if self.pack_gqa else ("" if self.choice == DEFAULT_CHOICE[self.mask] else f"_{self.choice}")
-        return f"hdim{dims}_{self.mask}{suffix}"
+        return f"{'fp8_' if self.fp8 else ''}hdim{dims}_{self.mask}{suffix}"
 
     @property
     def consumers(self):
         return self.block_m // 64
 
 
+def dtypes_of(r):
+    """The dtypes a recipe is compiled for."""
+    return [dtype for dtype in DTYPES if (dtype in FP8_DTYPES) == r.fp8]
+
+
 def tensor_bytes(r, o_rows):
     d, dv = r.head_dims
-    return ELEMENT_BYTES * (r.block_m * d + r.stages * r.block_n * (d + dv) + o_rows * dv)
+    element_bytes = 1 if r.fp8 else 2
+    vt_tiles = r.stages * r.block_n * dv if r.fp8 else 0
+    return element_bytes * (r.block_m * d + r.stages * r.block_n * (d + dv) + vt_tiles) + O_BYTES * o_rows * dv
 
 
 def derive(r):
@@ -87,9 +99,9 @@ def derive(r):
     else:
         o_buffer = "in_q"
     # Which round of equal tiles is split over the CTAs by keys (split_round.h): none with a mask
-    # (its tiles come from a queue), above d = 128 or with three warpgroups (the merge spills: D121);
-    # packed rows only a single round (D51), others the last.
-    if local or r.head_dims[0] > 128 or r.consumers > 2:
+    # (its tiles come from a queue), above d = 128 or with three warpgroups (the merge spills: D121),
+    # nor with FP8 (not measured yet); packed rows only a single round (D51), others the last.
+    if local or r.head_dims[0] > 128 or r.consumers > 2 or r.fp8:
         split = "none"
     else:
         split = "single_round" if r.pack_gqa else "last_round"
@@ -111,8 +123,8 @@ def derive(r):
                                   and r.block_n < r.block_m),
         # Also compiled for variable-length batches: each head dim's rows of the mask kind's default
         # choice, packed and not (plan.cpp takes them for every variable-length call), where O
-        # leaves through its own buffer or Q's (stored row by row).
-        "varlen": r.choice == DEFAULT_CHOICE[r.mask] and o_buffer != "take_turns",
+        # leaves through its own buffer or Q's (stored row by row); not FP8's yet.
+        "varlen": r.choice == DEFAULT_CHOICE[r.mask] and o_buffer != "take_turns" and not r.fp8,
     }
 
 
@@ -183,8 +195,17 @@ def _rows():
     add(d, "local", choice="wide", block_m=128, block_n=80, loops="per_kind",
         why="wide bands on 80-key tiles (D31); a loop per kind (D110)")
 
+    # FP8: two consumer warpgroups (the transposer's register budget: barriers.h), key tiles of a
+    # multiple of 32 (P's A fragments), O in a buffer of its own (16-bit O does not fit 8-bit Q's).
+    fp8_tiles = {(64, 64): 128, (96, 96): 128, (128, 128): 128, (192, 192): 96, (192, 128): 96, (256, 256): 64}
+    for d, block_n in fp8_tiles.items():
+        why = f"{block_n} keys: the widest multiple of 32 whose Q, K, V, V^T and O fit"
+        add(d, "nomask", fp8=True, block_m=128, block_n=block_n, loops="per_softcap", why=why)
+        add(d, "local", fp8=True, block_m=128, block_n=block_n, loops="whole_per_softcap", why=why)
+
     for r in rows:
         r.derived.update(derive(r))
+        assert not r.fp8 or (r.consumers == 2 and r.block_n % 32 == 0 and r.derived["o_buffer"] == "own"), r.name
     return rows
 
 

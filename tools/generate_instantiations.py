@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import backward_recipes  # noqa: E402
-from forward_recipes import DTYPES, RECIPES  # noqa: E402
+from forward_recipes import DTYPES, FP8_DTYPES, RECIPES, dtypes_of  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SM90 = ROOT / "src" / "kernels" / "sm90"
@@ -67,6 +67,7 @@ def recipe_fields(r):
         ("mask_by_chunks", cpp_bool(r.mask_by_chunks)),
         ("loop_shape", ENUMS["loop_shape"][r.loops]),
         ("softcap_per_kernel", cpp_bool(r.softcap_per_kernel)),
+        ("fp8", cpp_bool(r.fp8)),
         ("o_buffer", ENUMS["o_buffer"][x["o_buffer"]]),
         ("release_q_in_walk", cpp_bool(x["release_q_in_walk"])),
         ("prefetch_next_q", cpp_bool(x["prefetch_next_q"])),
@@ -107,17 +108,19 @@ def dims_name(r):
 
 def kernels():
     """(file stem, dtype, recipe) of every forward kernel file."""
-    return [(f"fwd_{dtype}_{r.name}", dtype, r) for dtype in DTYPES for r in RECIPES]
+    return [(f"fwd_{dtype}_{r.name}", dtype, r) for dtype in DTYPES for r in RECIPES if dtype in dtypes_of(r)]
 
 
 def varlen_kernels():
     """(file stem, dtype, recipe) of every variable-length forward kernel file."""
-    return [(f"fwd_{dtype}_{r.name}_varlen", dtype, r) for dtype in DTYPES for r in RECIPES if r.derived["varlen"]]
+    return [(f"fwd_{dtype}_{r.name}_varlen", dtype, r) for dtype in DTYPES for r in RECIPES
+            if r.derived["varlen"] and dtype in dtypes_of(r)]
 
 
 def backward_kernels():
     """(file stem, dtype, recipe) of every backward kernel file."""
-    return [(f"bwd_{dtype}_{r.name}", dtype, r) for dtype in DTYPES for r in backward_recipes.RECIPES]
+    return [(f"bwd_{dtype}_{r.name}", dtype, r) for dtype in DTYPES if dtype not in FP8_DTYPES
+            for r in backward_recipes.RECIPES]
 
 
 def recipes_header():

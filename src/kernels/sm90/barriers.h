@@ -15,16 +15,23 @@ inline constexpr int kMaxConsumerWarpGroups = 3;  // the named-barrier ids below
 // setmaxnreg budgets: the producer only computes addresses; the consumers hold S, P and O.
 // Two consumers: 128 x (24 + 2 x 240) = 64512 of the SM's 65536 registers;
 // three: 128 x (24 + 3 x 160), as many. One consumer (d = 64's packed GQA rows: the recipe table):
-// two CTAs per SM, each 128 x (24 + 232) = 32768, half the SM's registers.
-template <int kConsumers_>
+// two CTAs per SM, each 128 x (24 + 232) = 32768, half the SM's registers. Where producer warps
+// transpose V (kTransposeV, the FP8 forward: fp8_transpose.h), the producer keeps 40 (a 4 x 4 byte
+// transpose in flight) and two consumers 232: 128 x (40 + 2 x 232) = 64512.
+template <int kConsumers_, bool kTransposeV = false>
 struct WarpGroups {
   static constexpr int kConsumers = kConsumers_;
   static_assert(kConsumers >= 1 && kConsumers <= kMaxConsumerWarpGroups, "one to three consumer warpgroups");
+  static_assert(!kTransposeV || kConsumers == 2, "V transposed for two consumer warpgroups");
   static constexpr int kConsumerThreads = kConsumers * kThreadsPerWarpGroup;
   static constexpr int kThreads = (1 + kConsumers) * kThreadsPerWarpGroup;
   static constexpr int kCtasPerSm = ctas_per_sm(kConsumers);
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegisters = kTransposeV ? 40 : 24;
+  static constexpr int kConsumerRegisters =
+      kTransposeV ? 232 : kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
+  // The producer warps that transpose V: warps 2 and 3 (warp 0 issues TMA, warp 1 gathers packed Q).
+  static constexpr int kFirstTransposeWarp = 2;
+  static constexpr int kTransposeThreads = kTransposeV ? 64 : 0;
   static_assert(kThreadsPerWarpGroup * (kProducerRegisters + kConsumers * kConsumerRegisters) * kCtasPerSm <= 65536);
 };
 

@@ -41,7 +41,7 @@ struct OutputRows {
 
 template <class Mainloop>
 struct ForwardEpilogue {
-  using Element = typename Mainloop::Element;
+  using Element = typename Mainloop::ElementO;  // of O
   using BlockM = typename Mainloop::BlockM;
   using HeadDimV = typename Mainloop::HeadDimV;
   using TiledMmaPV = typename Mainloop::TiledMmaPV;
@@ -80,7 +80,10 @@ struct ForwardEpilogue {
                                  cute::Layout<cute::Shape<WarpGroupM, HeadDimV>, cute::Stride<cute::_1, BlockM>>{}))>;
   // The tile's rows as the consumers write them (stmatrix).
   using SmemLayoutOTile = decltype(o_tile_layout<kTakeTurns, SmemLayoutO, SmemLayoutOBuffer, BlockM, HeadDimV>());
-  using GmemTensor = typename Mainloop::GmemTensorV;
+  // O in global memory as TMA sees it: (seqlen, dv, heads, batch), dv contiguous.
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
+                                                cute::Shape<int32_t, HeadDimV, int32_t, int32_t>{},
+                                                cute::Stride<int64_t, cute::_1, int64_t, int64_t>{}));
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpGroup{},
                                             cute::Shape<WarpGroupM, HeadDimV>{}, cute::_1{}));
 

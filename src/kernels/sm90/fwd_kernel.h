@@ -44,7 +44,11 @@ struct ForwardKernel {
   static_assert(!(kSplitRound && Epilogue::kTakeTurns), "a split round with an O buffer taken in turn");
 
   struct NoStorage {};
-  struct SharedStorage {
+  // FP8's ring of transposed V (Vt): a base, so that the other kernels' storage stays as it is.
+  struct VtRingStorage {
+    typename Mainloop::PipelineV::SharedStorage pipeline_vt;  // full/empty barriers of the Vt ring
+  };
+  struct SharedStorage : cute::conditional_t<Mainloop::kFp8, VtRingStorage, NoStorage> {
     typename Mainloop::SharedStorage tensors;
     cute::conditional_t<Epilogue::kOwnBuffer, typename Epilogue::SharedStorage, NoStorage> epilogue;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed in shared memory
@@ -55,9 +59,10 @@ struct ForwardKernel {
   };
   static constexpr int kSharedBytes = sizeof(SharedStorage);
   static constexpr int kThreads = Mainloop::Roles::kThreads;
-  // The roles that walk the tiles besides producer thread 0: every consumer thread, and the lanes
-  // of the warp that gathers packed Q.
-  static constexpr int kTileReaders = Mainloop::Roles::kConsumerThreads + (Mainloop::kPackGqa ? 32 : 0);
+  // The roles that walk the tiles besides producer thread 0: every consumer thread, the lanes of
+  // the warp that gathers packed Q, and the threads that transpose V (FP8).
+  static constexpr int kTileReaders = Mainloop::Roles::kConsumerThreads + (Mainloop::kPackGqa ? 32 : 0) +
+                                      Mainloop::Roles::kTransposeThreads;
   using Tile = cute::conditional_t<kVarlen, VarlenTile, ForwardTile>;
   static_assert(kSharedBytes <= 227 * 1024, "tile configuration exceeds the 227 KB of shared memory per CTA");
   // The persistent grids count on kCtasPerSm CTAs per SM: 228 KB per SM, 1 KB of it reserved per CTA.
@@ -226,17 +231,41 @@ struct ForwardKernel {
       shared.q_free.init(Roles::kConsumers * Epilogue::kQFreeArrivalsPerWarpGroup);
       if constexpr (kQueue) shared.tiles.init(kTileReaders);
     }
-    auto const pipeline_params = [&](std::uint32_t tile_bytes) {
+    auto const pipeline_params = [&](std::uint32_t tile_bytes, int consumers) {
       typename Pipeline::Params ring;
       ring.transaction_bytes = tile_bytes;
       ring.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
       ring.is_leader = threadIdx.x == 0;
-      ring.num_consumers = Roles::kConsumerThreads;
+      ring.num_consumers = consumers;
       return ring;
     };
-    // The constructors initialise the barriers (warp 0) and fence the initialisation.
-    Pipeline pipeline_k(shared.pipeline_k, pipeline_params(Mainloop::kKTileBytes), Shape<_1, _1, _1>{});
-    Pipeline pipeline_v(shared.pipeline_v, pipeline_params(Mainloop::kVTileBytes), Shape<_1, _1, _1>{});
+    // The constructors initialise the barriers (warp 0) and fence the initialisation. With FP8 the
+    // transposer warps read V's ring, and the consumers Vt's.
+    int const v_readers = Mainloop::kFp8 ? Roles::kTransposeThreads : Roles::kConsumerThreads;
+    Pipeline pipeline_k(shared.pipeline_k, pipeline_params(Mainloop::kKTileBytes, Roles::kConsumerThreads),
+                        Shape<_1, _1, _1>{});
+    Pipeline pipeline_v(shared.pipeline_v, pipeline_params(Mainloop::kVTileBytes, v_readers), Shape<_1, _1, _1>{});
+    bool const transposer = warp_group == 0 && cutlass::canonical_warp_idx_sync() >= Roles::kFirstTransposeWarp;
+    auto vt_ring = [&] {
+      if constexpr (Mainloop::kFp8) {
+        using PipelineV = typename Mainloop::PipelineV;
+        typename PipelineV::Params ring;
+        ring.role = transposer ? PipelineV::ThreadCategory::Producer : PipelineV::ThreadCategory::Consumer;
+        ring.producer_arv_count = Roles::kTransposeThreads;
+        ring.consumer_arv_count = Roles::kConsumerThreads;
+        return PipelineV(shared.pipeline_vt, ring);
+      } else {
+        return NoStorage{};
+      }
+    }();
+    // The ring the consumers read V^T from.
+    auto& pipeline_v_read = [&]() -> auto& {
+      if constexpr (Mainloop::kFp8) {
+        return vt_ring;
+      } else {
+        return pipeline_v;
+      }
+    }();
     // Every barrier is initialised before any thread waits on or arrives at one.
     __syncthreads();
 
@@ -283,6 +312,18 @@ struct ForwardKernel {
           }
         });
       }
+      // With FP8 warps 2 and 3 transpose each V stage into Vt's ring, tile by tile in load order.
+      if constexpr (Mainloop::kFp8) {
+        if (transposer) {
+          int const thread = threadIdx.x - Roles::kFirstTransposeWarp * 32;
+          typename Mainloop::PipelineState v_read;
+          typename Mainloop::PipelineState vt_write = cutlass::make_producer_start_state<typename Mainloop::PipelineV>();
+          for_each_loading_tile(/*taker=*/false, [&](Tile const&, KeyBlocks const& blocks, auto const&, auto const&) {
+            Mainloop::transpose_v(shared.tensors, pipeline_v, vt_ring, v_read, vt_write, blocks.end - blocks.begin,
+                                  thread);
+          });
+        }
+      }
       if constexpr (Mainloop::kPackGqa) {
         if (cutlass::canonical_warp_idx_sync() == 1) {
           int const lane = threadIdx.x % 32;
@@ -327,7 +368,7 @@ struct ForwardKernel {
         if constexpr (Mainloop::kSkipRowsPastEnd) {
           if (Mainloop::rows_past_end(params.mainloop, tile, consumer)) {
             if (!blocks.empty()) {
-              Mainloop::skip_tile(shared.q_full, q_full_phase, pipeline_k, pipeline_v, read, consumer, blocks);
+              Mainloop::skip_tile(shared.q_full, q_full_phase, pipeline_k, pipeline_v_read, read, consumer, blocks);
               q_full_phase ^= 1;
             }
             q_read_done();
@@ -339,16 +380,22 @@ struct ForwardKernel {
         Tensor o_accum = partition_fragment_C(mma_pv, Shape<typename Mainloop::BlockM, typename Mainloop::HeadDimV>{});
         clear(o_accum);
         constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
-        OnlineSoftmax<kRows, Mainloop::kRecipe.softmax_chains> softmax(params.mainloop.score_scale_log2);
+        typename Mainloop::TileScales const scales =
+            Mainloop::tile_scales(params.mainloop, params.mainloop.rows.kv_head(tile.head), tile.batch);
+        OnlineSoftmax<kRows, Mainloop::kRecipe.softmax_chains> softmax(scales.score_scale_log2);
         // The rows' LSE, and O normalised: by the mainloop where it finalizes under its last P V
         // (kTotalsUnderLastPV), else after the branch below (inside it, ptxas would move the
         // finalize above the last P V's wait).
         typename decltype(softmax)::RowValues lse;
-        auto const finalize = [&] { lse = softmax.finalize(rowcol_view(o_accum), params.mainloop.score_scale); };
+        auto const finalize = [&] {
+          auto const totals = softmax.totals(scales.score_scale);
+          decltype(softmax)::rescale(rowcol_view(o_accum), Mainloop::scale_rows(totals.inv_sum, scales.o_scale));
+          lse = totals.lse;
+        };
         if (!blocks.empty()) {
           Mainloop::mma(params.mainloop, shared.tensors, tile_mask(params, tile), shared.q_full, q_full_phase,
-                        pipeline_k, pipeline_v, read, o_accum, softmax, thread_idx, consumer, tile.m_block, blocks,
-                        q_read_done, lse);
+                        pipeline_k, pipeline_v_read, read, o_accum, softmax, thread_idx, consumer, tile.m_block,
+                        blocks, q_read_done, lse, scales);
           q_full_phase ^= 1;
         } else {
           q_read_done();
@@ -375,7 +422,7 @@ struct ForwardKernel {
             return;
           }
         }
-        Element* const smem_o = [&] {
+        typename Epilogue::Element* const smem_o = [&] {
           if constexpr (Epilogue::kOwnBuffer) {
             return shared.epilogue.o.data();
           } else {

@@ -101,7 +101,7 @@ Status launch_kernel(ForwardParams const& p, cudaStream_t stream) {
   }
   if constexpr (Kernel::kVarlen) {
     if (p.num_splits > 1) {
-      return launch_combine<typename Mainloop::Element>(combine_params(p, Mainloop::kHeadDimV), stream);
+      return launch_combine<typename Mainloop::ElementO>(combine_params(p, Mainloop::kHeadDimV), stream);
     }
   }
   return Status::success();

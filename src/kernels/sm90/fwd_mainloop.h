@@ -2,7 +2,9 @@
 // a ring of shared-memory stages) and the consumer half (S = Q K^T and O += P V by wgmma, with the
 // online softmax in between). One CTA computes one query tile (64 rows per consumer warpgroup) of
 // one head at a time (with kPackGqa, of one KV head's group of query heads: query_rows.h).
-// Q and K have head dim d (kHeadDim), V and O head dim dv (kHeadDimV).
+// Q and K have head dim d (kHeadDim), V and O head dim dv (kHeadDimV). FP8 (an 8-bit Element:
+// e4m3 Q, K and V with FlashAttention-3's descales, O in bfloat16) quantizes P to e4m3 for P V and
+// reads V^T from a ring of its own, which producer warps fill (fp8_transpose.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -12,6 +14,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "kernels/sm90/barriers.h"
+#include "kernels/sm90/fp8_transpose.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 #include "kernels/sm90/gmma_utils.h"
@@ -41,6 +44,8 @@ template <class Element_, int kRecipe_, SoftcapChoice kSoftcapChoice_ = SoftcapC
 struct ForwardMainloop {
   static constexpr ForwardRecipe kRecipe = kForwardRecipes[kRecipe_];
   using Element = Element_;
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  using ElementO = cute::conditional_t<kFp8, cutlass::bfloat16_t, Element>;  // of O
   using Mask = cute::conditional_t<kRecipe.local(), LocalMask, NoMask>;
   static constexpr bool kPackGqa = kRecipe.pack_gqa;
   static constexpr bool kVarlen = kVarlen_;
@@ -54,7 +59,7 @@ struct ForwardMainloop {
   // Each consumer warpgroup owns one 64-row wgmma atom of the query tile.
   static_assert(kBlockM % 64 == 0, "the query tile is a whole number of 64-row wgmma atoms");
   static constexpr int kConsumerWarpGroups = kBlockM / 64;
-  using Roles = WarpGroups<kConsumerWarpGroups>;
+  using Roles = WarpGroups<kConsumerWarpGroups, kFp8>;
   using MmaTurns = MmaScheduler<kRecipe.mma_pingpong, kConsumerWarpGroups>;
 
   using BlockM = cute::Int<kBlockM>;
@@ -68,10 +73,11 @@ struct ForwardMainloop {
 
   using TiledMmaQK =
       decltype(cute::make_tiled_mma(full_width_ss_op<Element, TileShapeQK>(), ConsumerAtomLayout{}));
-  // P comes from registers (the converted S accumulator); V^T is read with d contiguous (MN-major).
+  // P comes from registers (the converted S accumulator); V^T is read with d contiguous (MN-major),
+  // or with FP8 from Vt's ring with the keys contiguous (K-major: 8-bit wgmma takes nothing else).
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K,
-                                 cute::GMMA::Major::MN>(),
+                                 kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN>(),
       ConsumerAtomLayout{}));
   // One wgmma spans the whole N of each GEMM: a narrower atom re-reads the A operand once per
   // N slice (from shared memory for Q K^T), which starves the tensor cores.
@@ -88,36 +94,48 @@ struct ForwardMainloop {
   using SmemLayoutV = decltype(cute::tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockN, HeadDimV>(),
       cute::Shape<BlockN, HeadDimV, cute::Int<kStages>>{}));  // (kBlockN, dv, stage)
-  // V^T on V's buffer: (dv, kBlockN, stage), the B operand of O = P V.
-  using SmemLayoutVt = decltype(cute::composition(
+  // V^T, the B operand of O = P V: (dv, kBlockN, stage) on V's buffer, or with FP8 a ring of its
+  // own, K-major, its keys in P's column order (fp8_key_of).
+  using SmemLayoutVtOnV = decltype(cute::composition(
       SmemLayoutV{}, cute::make_ordered_layout(cute::Shape<HeadDimV, BlockN, cute::Int<kStages>>{},
                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutVtOwn = decltype(cute::tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, HeadDimV, BlockN>(),
+      cute::Shape<HeadDimV, BlockN, cute::Int<kStages>>{}));
+  using SmemLayoutVt = cute::conditional_t<kFp8, SmemLayoutVtOwn, SmemLayoutVtOnV>;
   // O in the epilogue, in the layout Q's would have with dv columns.
   using SmemLayoutO = decltype(cute::tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, BlockM, HeadDimV>(),
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, ElementO, BlockM, HeadDimV>(),
       cute::Shape<BlockM, HeadDimV>{}));  // (kBlockM, dv)
 
   // TMA tiles are 128-byte swizzled: their buffers start on 1024-byte boundaries.
-  struct SharedStorage {
+  struct QKVStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;  // O in the epilogue
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
   };
+  struct QKVVtStorage : QKVStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutVtOwn>, 1024> vt;
+  };
+  using SharedStorage = cute::conditional_t<kFp8, QKVVtStorage, QKVStorage>;
 
   // One consumer warpgroup's rows of O, in the same swizzled layout.
   using SmemLayoutOOneWarpGroup = decltype(cute::tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element, cute::_64, HeadDimV>(),
+      cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, ElementO, cute::_64, HeadDimV>(),
       cute::Shape<cute::_64, HeadDimV>{}));  // (64, dv)
   static constexpr int kQKVBytes =
-      (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutK> + cute::cosize_v<SmemLayoutV>) * sizeof(Element);
+      (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutK> + cute::cosize_v<SmemLayoutV>) * sizeof(Element) +
+      (kFp8 ? cute::cosize_v<SmemLayoutVtOwn> * int{sizeof(Element)} : 0);
   // O's buffer (the recipe's o_buffer), next to Q, the K / V rings and 2 KB for the barriers.
   static constexpr bool kSeparateO = kRecipe.o_buffer == OBuffer::kOwn;
   static constexpr bool kTakeTurnsO = kRecipe.o_buffer == OBuffer::kTakeTurns;
-  static_assert(!kSeparateO || kQKVBytes + cute::cosize_v<SmemLayoutO> * sizeof(Element) + 2048 <= 227 * 1024,
+  static_assert(!kSeparateO || kQKVBytes + cute::cosize_v<SmemLayoutO> * sizeof(ElementO) + 2048 <= 227 * 1024,
                 "O's own buffer does not fit");
+  // 16-bit O does not fit in 8-bit Q's buffer.
+  static_assert(!kFp8 || kSeparateO, "FP8 stages O in a buffer of its own");
   // The turns go between two warpgroups that each store all their rows (unpacked, no split merge).
   static_assert(!kTakeTurnsO || (kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
-                                 kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(Element) + 2048 <=
+                                 kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(ElementO) + 2048 <=
                                      227 * 1024),
                 "O's buffer taken in turn needs two unpacked, unmasked warpgroups and room for one's rows");
   // Whether O passes through a buffer other than Q's.
@@ -161,6 +179,10 @@ struct ForwardMainloop {
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename Pipeline::PipelineState;
+  // The ring the consumers read V^T from: V's, or with FP8 Vt's, filled by the transposer warps.
+  using PipelineV = cute::conditional_t<kFp8, cutlass::PipelineAsync<kStages>, Pipeline>;
+  static_assert(cute::is_same_v<typename PipelineV::PipelineState, PipelineState>, "one stage count for the rings");
+  using Transposer = cute::conditional_t<kFp8, VTransposer<kBlockN, kHeadDimV, Roles::kTransposeThreads>, void>;
   static constexpr std::uint32_t kQBytes = cute::size(SmemLayoutQ{}) * sizeof(Element);
   static constexpr std::uint32_t kKTileBytes = cute::size(cute::take<0, 2>(SmemLayoutK{})) * sizeof(Element);
   static constexpr std::uint32_t kVTileBytes = cute::size(cute::take<0, 2>(SmemLayoutV{})) * sizeof(Element);
@@ -200,6 +222,16 @@ struct ForwardMainloop {
     int page_size, box_rows;
   };
 
+  // FP8's descales (ForwardParams): the scores of (batch, KV head) are q_descale k_descale times
+  // those of the e4m3 values, O v_descale times.
+  struct NoDescales {};
+  struct Fp8Descales {
+    float const* q;  // or null: 1
+    float const* k;
+    float const* v;
+    int64_t q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, v_batch_stride, v_head_stride;
+  };
+
   struct Params {
     TmaQ tma_q;  // unpacked Q
     TmaK tma_k;
@@ -218,6 +250,7 @@ struct ForwardMainloop {
     float score_scale_log2;  // score_scale * log2(e)
     // Last, so that the fixed-length kernels' other parameters keep their places.
     cute::conditional_t<kVarlen, PagedKV, NoPages> paged;
+    cute::conditional_t<kFp8, Fp8Descales, NoDescales> descales;
   };
 
   static Params to_params(ForwardParams const& p) {
@@ -257,7 +290,50 @@ struct ForwardMainloop {
             softcap ? p.softmax_scale / p.softcap : 0.f,
             score_scale,
             score_scale * kLog2e,
-            paged_kv(p)};
+            paged_kv(p),
+            descales_of(p)};
+  }
+
+  static auto descales_of(ForwardParams const& p) {
+    if constexpr (kFp8) {
+      return Fp8Descales{p.q_descale,
+                         p.k_descale,
+                         p.v_descale,
+                         p.q_descale_batch_stride,
+                         p.q_descale_head_stride,
+                         p.k_descale_batch_stride,
+                         p.k_descale_head_stride,
+                         p.v_descale_batch_stride,
+                         p.v_descale_head_stride};
+    } else {
+      return NoDescales{};
+    }
+  }
+
+  // The scales of one tile's scores and O: the call's, and with FP8 its (batch, KV head)'s descales
+  // folded in (as FlashAttention-3: softcap's argument and the softmax's exponent scale by
+  // q_descale k_descale, O by v_descale).
+  struct TileScales {
+    float softcap_prescale;  // softmax_scale / softcap
+    float score_scale;       // a kept score's exponent in natural-log units, per unit of the kept score
+    float score_scale_log2;  // the same in log2 units
+    float o_scale;           // v_descale
+  };
+  static CUTLASS_DEVICE TileScales tile_scales(Params const& params, int head_kv, int batch) {
+    if constexpr (kFp8) {
+      Fp8Descales const& d = params.descales;
+      auto const read = [&](float const* at, int64_t batch_stride, int64_t head_stride) {
+        return at == nullptr ? 1.f : __ldg(at + batch * batch_stride + head_kv * head_stride);
+      };
+      float const qk = read(d.q, d.q_batch_stride, d.q_head_stride) * read(d.k, d.k_batch_stride, d.k_head_stride);
+      // Soft-capped, the kept score tanh(s softcap_prescale) takes the descales inside the tanh;
+      // else the kept score is s itself and the exponent's scale takes them.
+      float const kept = params.softcap ? 1.f : qk;
+      return {params.softcap_prescale * qk, params.score_scale * kept, params.score_scale_log2 * kept,
+              read(d.v, d.v_batch_stride, d.v_head_stride)};
+    } else {
+      return {params.softcap_prescale, params.score_scale, params.score_scale_log2, 1.f};
+    }
   }
 
   // The paged-cache part of the parameters: page_table null without a page table, and also where a
@@ -546,12 +622,77 @@ struct ForwardMainloop {
     q_full.arrive();
   }
 
+  // V^T's buffer: V's, or with FP8 Vt's.
+  static CUTLASS_DEVICE Element* vt_buffer(SharedStorage& smem) {
+    if constexpr (kFp8) {
+      return smem.vt.data();
+    } else {
+      return smem.v.data();
+    }
+  }
+
+  // Row factors times o_scale (FP8's v_descale; the others' 1 needs nothing).
+  template <class RowValues>
+  static CUTLASS_DEVICE RowValues scale_rows(RowValues values, float o_scale) {
+    if constexpr (kFp8) {
+      CUTLASS_PRAGMA_UNROLL
+      for (std::size_t m = 0; m < values.size(); ++m) values[m] *= o_scale;
+    }
+    return values;
+  }
+
+  // P of a key tile's scores as the register A operand of P V: converted to the element type, with
+  // FP8 in the A fragment's column order (accumulator_as_fp8_a_operand).
+  template <class SAccum>
+  static CUTLASS_DEVICE auto make_p_regs(SAccum const& s_accum) {
+    if constexpr (kFp8) {
+      return cute::make_tensor<Element>(cute::make_layout(cute::shape(accumulator_as_fp8_a_operand(s_accum.layout()))));
+    } else {
+      return cute::make_tensor<Element>(accumulator_as_a_operand(s_accum.layout()));
+    }
+  }
+  template <class SAccum, class PRegs>
+  static CUTLASS_DEVICE void convert_p(SAccum const& s_accum, PRegs& p_regs) {
+    if constexpr (kFp8) {
+      cute::Tensor scores = cute::make_tensor(s_accum.data(), accumulator_as_fp8_a_operand(s_accum.layout()));
+      cute::Tensor ordered = cute::make_tensor<float>(p_regs.layout());  // register renaming, no data movement
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(ordered); ++i) ordered(i) = scores(i);
+      convert_fragment_into(ordered, p_regs);
+    } else {
+      convert_fragment_into(s_accum, p_regs);
+    }
+  }
+
+  // Transposer warps (FP8), thread in [0, Roles::kTransposeThreads): the V stages of a tile's
+  // `key_tiles` key tiles, in load order, transposed into Vt's stages. The V stage goes back to the
+  // producer once read; the Vt stage to the consumers once written and fenced.
+  static CUTLASS_DEVICE void transpose_v(SharedStorage& smem, Pipeline& pipeline_v, PipelineV& pipeline_vt,
+                                         PipelineState& v_read, PipelineState& vt_write, int key_tiles,
+                                         int thread) {
+    static_assert(kFp8);
+    using namespace cute;
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});     // (kBlockN, dv, stage)
+    Tensor sVt = make_tensor(make_smem_ptr(smem.vt.data()), SmemLayoutVt{});  // (dv, kBlockN, stage)
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int i = 0; i < key_tiles; ++i) {
+      pipeline_v.consumer_wait(v_read);
+      pipeline_vt.producer_acquire(vt_write);
+      Transposer::transpose(sV(_, _, v_read.index()), sVt(_, _, vt_write.index()), thread);
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
+      pipeline_vt.producer_commit(vt_write);
+      pipeline_v.consumer_release(v_read);
+      ++v_read;
+      ++vt_write;
+    }
+  }
+
   // A key tile that consumer warpgroup `consumer` computes nothing for: its turn at the tensor
   // cores is passed on at once (the turns go round robin, so each warpgroup takes one per key
   // tile), and its K and V stages (at k_read, which moves on) are handed back once they have
   // landed: released earlier, the arrivals would count into the stages' previous use, which
   // another warpgroup may still be reading.
-  static CUTLASS_DEVICE void skip_key_tile(Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
+  static CUTLASS_DEVICE void skip_key_tile(Pipeline& pipeline_k, PipelineV& pipeline_v, PipelineState& k_read,
                                            int consumer) {
     MmaTurns::wait_turn(consumer);
     MmaTurns::pass_turn(consumer);
@@ -567,7 +708,7 @@ struct ForwardMainloop {
   // the tensor cores serve the other warpgroups alone. It waits for Q all the same, so that its
   // release of Q's buffer does not run ahead of the tile's load. `q_phase` and `k_read` as in mma.
   static CUTLASS_DEVICE void skip_tile(cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
-                                       Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
+                                       Pipeline& pipeline_k, PipelineV& pipeline_v, PipelineState& k_read,
                                        int consumer, KeyBlocks const& blocks) {
     q_full.wait(q_phase);
     CUTLASS_PRAGMA_NO_UNROLL
@@ -667,14 +808,14 @@ struct ForwardMainloop {
   template <class OAccum, class Softmax, class QReadDone>
   static CUTLASS_DEVICE void mma(Params const& params, SharedStorage& smem, Mask const& mask,
                                  cutlass::arch::ClusterTransactionBarrier& q_full, int q_phase,
-                                 Pipeline& pipeline_k, Pipeline& pipeline_v, PipelineState& k_read,
+                                 Pipeline& pipeline_k, PipelineV& pipeline_v, PipelineState& k_read,
                                  OAccum& o_accum, Softmax& softmax, int thread_idx, int consumer, int m_block,
                                  KeyBlocks const& blocks, QReadDone const& q_read_done,
-                                 typename Softmax::RowValues& lse) {
+                                 typename Softmax::RowValues& lse, TileScales const& scales) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});  // (dv, kBlockN, stage)
+    Tensor sVt = make_tensor(make_smem_ptr(vt_buffer(smem)), SmemLayoutVt{});  // (dv, kBlockN, stage)
 
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
@@ -725,7 +866,7 @@ struct ForwardMainloop {
     // returns it, or known at compile time in a loop compiled per choice.
     auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask, auto softcap) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
-      if (softcap) apply_softcap(scores, params.softcap_prescale);
+      if (softcap) apply_softcap(scores, scales.softcap_prescale);
       if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, query_of, n_block * kBlockN);
       return scores;
     };
@@ -762,7 +903,7 @@ struct ForwardMainloop {
 
     // P, the converted probabilities of the previous tile, as the register A operand of P V.
     Tensor s_first = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});  // (MMA, MMA_M, MMA_N)
-    Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_first.layout()));
+    Tensor p_regs = make_p_regs(s_first);
 
     q_full.wait(q_phase);
     int const first_block = blocks.first();
@@ -787,7 +928,7 @@ struct ForwardMainloop {
                                           : scores_of(s_first, n_block, false_type{}, softcapped());
       softmax.template update</*kIsFirst=*/true>(scores);
     }
-    convert_fragment_into(s_first, p_regs);
+    convert_p(s_first, p_regs);
     PipelineState v_read = k_read;  // V of the previous key tile, consumed by the pending P V
     ++k_read;
     // The walk: key tiles blocks.end - 1 down to blocks.begin, but first_block. Its last S GEMM is
@@ -819,7 +960,7 @@ struct ForwardMainloop {
       o_scale = softmax_update(/*is_first=*/false_type{}, s_accum, n_block, needs_mask, softcap);
       warpgroup_wait<0>();  // P V retired: p_regs is free again
       pipeline_v.consumer_release(v_read);
-      convert_fragment_into(s_accum, p_regs);
+      convert_p(s_accum, p_regs);
       v_read = k_read;
       ++k_read;
     };
@@ -842,10 +983,10 @@ struct ForwardMainloop {
     warpgroup_gemm<false, -1>(mma_pv, p_regs, tOrV(_, _, _, v_read.index()), o_accum);
     if constexpr (kTotalsUnderLastPV) {
       // The row sums are final: their quad reductions, reciprocals and logarithms run under the last P V.
-      auto const totals = softmax.totals(params.score_scale);
+      auto const totals = softmax.totals(scales.score_scale);
       warpgroup_wait<0>();
       pipeline_v.consumer_release(v_read);
-      Softmax::rescale(rowcol_view(o_accum), totals.inv_sum);
+      Softmax::rescale(rowcol_view(o_accum), scale_rows(totals.inv_sum, scales.o_scale));
       lse = totals.lse;
     } else {
       warpgroup_wait<0>();

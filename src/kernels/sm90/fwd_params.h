@@ -119,6 +119,16 @@ struct ForwardParams {
   // runs, each a tile of its own that writes a partial result (VarlenSplitPartials), merged by the
   // combine kernel. 1: not split.
   int num_splits = 1;
+
+  // FP8 (e4m3 q, k and v; o bfloat16): FlashAttention-3's descales, (batch, nheads_kv) float32 with
+  // these strides in elements (0 broadcasts), each null for 1. The scores of (batch, KV head) are
+  // q_descale k_descale times those of the e4m3 values, O v_descale times.
+  float const* q_descale = nullptr;
+  float const* k_descale = nullptr;
+  float const* v_descale = nullptr;
+  std::int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
+  std::int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
+  std::int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
 };
 
 // The combine kernel's arguments (combine.cu): the partial results of num_splits splits by keys,

@@ -54,6 +54,7 @@ struct ForwardRecipe {
   bool mask_by_chunks;           // band tiles masked by warp column chunks of 32 keys (mask.h)
   LoopShape loop_shape;
   bool softcap_per_kernel;       // a kernel per soft-capping choice instead of a run-time branch
+  bool fp8;                      // e4m3 Q, K and V (bfloat16 O), V transposed by producer warps
   OBuffer o_buffer;
   bool release_q_in_walk;        // Q's buffer released in the walk's last step, not after the walk
   bool prefetch_next_q;          // the next tile's Q prefetched into L2 by the producer

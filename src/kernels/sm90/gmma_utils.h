@@ -79,6 +79,32 @@ CUTLASS_DEVICE constexpr auto accumulator_as_a_operand(Layout const& acc) {
                      coalesce(make_layout(get<0, 1>(col_groups), get<2>(acc))));
 }
 
+// The same for an 8-bit P, whose A fragment covers K = 32 with four adjacent columns per register
+// ((4, 2 rows, 2 halves of 16) per thread, CuTe's ALayout_64x32), where the accumulator holds pairs
+// of adjacent columns ((2, 2 rows, 4 groups of 8)). Register j of a half takes the accumulator's
+// pairs of groups 2h and 2h + 1: P's column 16 h + 4 t + j (thread t of its quad) holds the score of
+// key 16 h + 8 (j / 2) + 2 t + j % 2 (fp8_key_of), an order that V^T's keys follow in shared
+// memory (fp8_transpose.h), so that no value crosses threads.
+// ((2, 2, N/8), 1, 1) -> (((2, 2), 2, 2), 1, N/32), a view of the same values.
+template <class Layout>
+CUTLASS_DEVICE constexpr auto accumulator_as_fp8_a_operand(Layout const& acc) {
+  using namespace cute;
+  // One wgmma of the tile's full N per thread: a compact ((2, 2, N/8), 1, 1) fragment.
+  static_assert(decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1);
+  static_assert(decltype(stride<0, 0>(acc))::value == 1 && decltype(stride<0, 1>(acc))::value == 2 &&
+                decltype(stride<0, 2>(acc))::value == 4);
+  constexpr int kGroups = decltype(size<0, 2>(acc))::value;  // N / 8
+  static_assert(kGroups % 4 == 0, "P's A fragments cover 32 columns");
+  return cute::Layout<Shape<Shape<Shape<_2, _2>, _2, _2>, _1, Int<kGroups / 4>>,
+                      Stride<Stride<Stride<_1, _4>, _2, _8>, _0, _16>>{};
+}
+
+// The key whose score P's column `column` holds within its tile (accumulator_as_fp8_a_operand).
+CUTLASS_HOST_DEVICE constexpr int fp8_key_of(int column) {
+  int const j = column % 4, t = column / 4 % 4, rest = column / 16 * 16;
+  return rest + 8 * (j / 2) + 2 * t + j % 2;
+}
+
 // Element-wise conversion of a register fragment into another of the same size, vectorised by
 // CUTLASS's array converter.
 template <class SrcTensor, class DstTensor>

@@ -1,0 +1,54 @@
+// V^T for the 8-bit P V of the FP8 forward. wgmma reads both operands of an 8-bit GEMM K-major, so
+// O += P V needs V^T (dv, keys) with the keys contiguous, where TMA brings V (keys, dv) with dv
+// contiguous. Two warps of the producer warpgroup copy each V stage, transposed, into a stage of a
+// second ring (Vt), its keys in the order of P's register columns (fp8_key_of, gmma_utils.h), so
+// that P goes from the score accumulator to the A operand without crossing threads.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "kernels/sm90/gmma_utils.h"
+
+namespace flashhop::sm90 {
+
+// kThreads threads (whole warps) transpose a (kKeys, kDims) stage of 8-bit V into its (kDims, kKeys)
+// stage of Vt, in tasks of 4 x 4 bytes: four keys (P's columns c .. c + 3) by four columns
+// d .. d + 3 of V, read as four 4-byte words (one per key), transposed by byte permutes, written
+// as four 4-byte words (one per column). The lanes of a warp take consecutive d, so that each load
+// reads one key row's 128 contiguous bytes.
+template <int kKeys, int kDims, int kThreads>
+struct VTransposer {
+  static_assert(kKeys % 32 == 0, "P's columns come in blocks of 32 keys");
+  static_assert(kDims % 4 == 0 && kThreads % 32 == 0, "tasks of 4 x 4 bytes, whole warps");
+  static constexpr int kDimQuads = kDims / 4;
+  static constexpr int kTasks = kKeys / 4 * kDimQuads;
+  static_assert(kTasks % kThreads == 0, "every thread takes as many tasks");
+
+  // sV: (kKeys, kDims) and sVt: (kDims, kKeys) of one stage; thread in [0, kThreads).
+  template <class TensorV, class TensorVt>
+  static CUTLASS_DEVICE void transpose(TensorV const& sV, TensorVt&& sVt, int thread) {
+    // Not unrolled: the producer warps have 40 registers (barriers.h).
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int task = thread; task < kTasks; task += kThreads) {
+      int const d = task % kDimQuads * 4;
+      int const column = task / kDimQuads * 4;
+      int const key = fp8_key_of(column);  // columns c .. c + 3 hold keys key + {0, 1, 8, 9}
+      std::uint32_t in[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        in[j] = *reinterpret_cast<std::uint32_t const*>(&sV(key + j % 2 + 8 * (j / 2), d));
+      }
+      // out[i] byte j = in[j] byte i.
+      std::uint32_t const low01 = __byte_perm(in[0], in[1], 0x5140);   // in0.0 in1.0 in0.1 in1.1
+      std::uint32_t const high01 = __byte_perm(in[0], in[1], 0x7362);  // in0.2 in1.2 in0.3 in1.3
+      std::uint32_t const low23 = __byte_perm(in[2], in[3], 0x5140);
+      std::uint32_t const high23 = __byte_perm(in[2], in[3], 0x7362);
+      std::uint32_t const out[4] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632),
+                                    __byte_perm(high01, high23, 0x5410), __byte_perm(high01, high23, 0x7632)};
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; ++i) *reinterpret_cast<std::uint32_t*>(&sVt(d + i, column)) = out[i];
+    }
+  }
+};
+
+}  // namespace flashhop::sm90
