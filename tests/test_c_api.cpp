@@ -55,6 +55,7 @@ TEST(CApi, DtypeValuesMatchTheCppEnum) {
   EXPECT_EQ(FLASHHOP_BFLOAT16, static_cast<int>(DType::kBFloat16));
   EXPECT_EQ(FLASHHOP_FLOAT32, static_cast<int>(DType::kFloat32));
   EXPECT_EQ(FLASHHOP_INT32, static_cast<int>(DType::kInt32));
+  EXPECT_EQ(FLASHHOP_FLOAT8_E4M3, static_cast<int>(DType::kFloat8E4M3));
 }
 
 TEST(CApi, WorkspaceSizeOfValidCall) {

@@ -1,9 +1,10 @@
 // Helpers shared by the tests: where the operands of a forward call live (contiguous or packed and
-// padded), host images of device allocations in fp16 / bf16 / fp32, random inputs, device buffers.
+// padded), host images of device allocations in fp16 / bf16 / fp32 / e4m3, random inputs, device buffers.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -170,9 +171,12 @@ inline std::vector<void*> fake_bases(const ForwardPlan& plan) {
 
 // ---- host images of device memory --------------------------------------------------------------
 
+// e4m3 values round to nearest even and saturate to +-448 (NaN stays NaN), as the kernels convert.
 inline void store_element(DType dtype, float value, unsigned char* at) {
   if (dtype == DType::kFloat32) {
     std::memcpy(at, &value, sizeof value);
+  } else if (dtype == DType::kFloat8E4M3) {
+    *at = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
   } else if (dtype == DType::kBFloat16) {
     const __nv_bfloat16 converted = __float2bfloat16_rn(value);
     std::memcpy(at, &converted, sizeof converted);
@@ -193,6 +197,7 @@ inline float load_element(DType dtype, const unsigned char* at) {
     std::memcpy(&value, at, sizeof value);
     return __bfloat162float(value);
   }
+  if (dtype == DType::kFloat8E4M3) return __half2float(__half(__nv_cvt_fp8_to_halfraw(*at, __NV_E4M3)));
   __half value;
   std::memcpy(&value, at, sizeof value);
   return __half2float(value);

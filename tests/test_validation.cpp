@@ -80,6 +80,16 @@ const InvalidCase kInvalidCases[] = {
      {"lse.dtype = bfloat16", "expected float32"}},
     {"dtype_not_an_enum_value", [](ForwardArgs& a) { a.q.dtype = static_cast<DType>(7); }, kInvalid,
      {"q.dtype = unknown"}},
+    // float8_e4m3fn is quantize_fp8's output, not (yet) an attention operand
+    {"q_float8",
+     [](ForwardArgs& a) {
+       for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o}) t->dtype = DType::kFloat8E4M3;
+     },
+     kInvalid, {"q.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
+    {"k_float8", [](ForwardArgs& a) { a.k.dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"k.dtype = float8_e4m3fn: expected bfloat16 (the dtype of q)"}},
+    {"lse_float8", [](ForwardArgs& a) { a.lse->dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"lse.dtype = float8_e4m3fn: expected float32"}},
     // ranks
     {"q_rank_3", [](ForwardArgs& a) { a.q.rank = 3; }, kInvalid,
      {"q.rank = 3", "expected 4 (batch, seqlen_q, nheads, head_dim)"}},
@@ -738,6 +748,8 @@ TEST(DType, SizesAndNames) {
   EXPECT_STREQ(flashhop::dtype_name(DType::kFloat32), "float32");
   EXPECT_EQ(flashhop::dtype_size(DType::kInt32), 4u);
   EXPECT_STREQ(flashhop::dtype_name(DType::kInt32), "int32");
+  EXPECT_EQ(flashhop::dtype_size(DType::kFloat8E4M3), 1u);
+  EXPECT_STREQ(flashhop::dtype_name(DType::kFloat8E4M3), "float8_e4m3fn");
 }
 
 // ---- variable-length batches -------------------------------------------------------------------
@@ -802,6 +814,10 @@ const InvalidCase kInvalidVarlenCases[] = {
      {"seqused_q.dtype = float16: expected int32"}},
     {"q_int32", [](ForwardArgs& a) { a.q.dtype = DType::kInt32; }, kInvalid,
      {"q.dtype = int32: expected float16 or bfloat16"}},
+    {"q_float8", [](ForwardArgs& a) { a.q.dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"q.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
+    {"cu_seqlens_q_float8", [](ForwardArgs& a) { a.cu_seqlens_q->dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"cu_seqlens_q.dtype = float8_e4m3fn: expected int32"}},
     {"lse_bfloat16", [](ForwardArgs& a) { a.lse->dtype = DType::kBFloat16; }, kInvalid, {"lse.dtype = bfloat16"}},
     // shapes: batch from cu_seqlens_q
     {"cu_seqlens_q_empty",
@@ -1367,6 +1383,10 @@ TEST(CombineValidation, NamesTheArgument) {
       {[](flashhop::CombineArgs& a) { a.out_partial.rank = 5; }, {"out_partial.rank = 5", "(num_splits, rows, nheads, head_dim_v)"}},
       {[](flashhop::CombineArgs& a) { a.lse_partial.dtype = DType::kBFloat16; }, {"lse_partial.dtype = bfloat16", "float32"}},
       {[](flashhop::CombineArgs& a) { a.out.dtype = DType::kInt32; }, {"out.dtype = int32"}},
+      {[](flashhop::CombineArgs& a) { a.out.dtype = DType::kFloat8E4M3; },
+       {"out.dtype = float8_e4m3fn: expected bfloat16, float16 or float32"}},
+      {[](flashhop::CombineArgs& a) { a.out_partial.dtype = DType::kFloat8E4M3; },
+       {"out_partial.dtype = float8_e4m3fn", "expected float32"}},
       {[](flashhop::CombineArgs& a) { a.out_partial.shape[0] = a.lse_partial.shape[0] = 0; }, {"out_partial.shape[0] (num_splits) = 0", ">= 1"}},
       {[](flashhop::CombineArgs& a) { a.lse_partial.shape[1] = 11; }, {"lse_partial.shape[1] (rows) = 11", "expected 10"}},
       {[](flashhop::CombineArgs& a) { a.out.shape[2] = 64; }, {"out.shape[2] (head_dim_v) = 64", "expected 128"}},
@@ -1431,6 +1451,10 @@ TEST(AppendKvValidation, NamesTheArgument) {
       {[](A& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kFloat32; }, {"k_cache.dtype = float32", "float16 or bfloat16"}},
       {[](A& a) { a.v_new.dtype = DType::kFloat16; }, {"v.dtype = float16", "the dtype of k_cache"}},
       {[](A& a) { a.cache_seqlens.dtype = DType::kFloat32; }, {"cache_seqlens.dtype = float32", "int32"}},
+      {[](A& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kFloat8E4M3; },
+       {"k_cache.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
+      {[](A& a) { a.k_new.dtype = DType::kFloat8E4M3; }, {"k.dtype = float8_e4m3fn", "the dtype of k_cache"}},
+      {[](A& a) { a.page_table.dtype = DType::kFloat8E4M3; }, {"page_table.dtype = float8_e4m3fn", "int32"}},
       {[](A& a) { a.page_table.shape[0] = 4; }, {"page_table.shape[0] (batch) = 4", "expected 3 (cu_seqlens_new.shape[0] - 1)"}},
       {[](A& a) { a.k_new.shape[1] = 4; }, {"k.shape[1] (nheads_kv) = 4", "expected 2"}},
       {[](A& a) { a.v_new.shape[0] = 5; }, {"v.shape[0] (total_new) = 5", "expected 6"}},
@@ -1513,6 +1537,10 @@ const InvalidBackwardCase kInvalidBackwardCases[] = {
     {"dout_rank_3", [](flashhop::BackwardArgs& a) { a.dout.rank = 3; }, kInvalid, {"dout.rank = 3", "expected 4"}},
     {"dq_float16", [](flashhop::BackwardArgs& a) { a.dq.dtype = DType::kFloat16; }, kInvalid,
      {"dq.dtype = float16", "expected bfloat16 (the dtype of q)"}},
+    {"dq_float8", [](flashhop::BackwardArgs& a) { a.dq.dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"dq.dtype = float8_e4m3fn", "expected bfloat16 (the dtype of q)"}},
+    {"forward_rule_v_float8", [](flashhop::BackwardArgs& a) { a.v.dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"v.dtype = float8_e4m3fn", "expected bfloat16 (the dtype of q)"}},
     {"dout_seqlen_differs", [](flashhop::BackwardArgs& a) { a.dout.shape[1] = 32; }, kInvalid,
      {"dout.shape[1] (seqlen_q) = 32", "expected 33 (o.shape[1] (seqlen_q))"}},
     {"dk_heads_differ", [](flashhop::BackwardArgs& a) { a.dk.shape[2] = 8; }, kInvalid,

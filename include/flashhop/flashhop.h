@@ -62,11 +62,13 @@
 
 namespace flashhop {
 
-enum class DType { kFloat16, kBFloat16, kFloat32, kInt32 };  // kInt32: cu_seqlens and seqused only
+// kInt32: cu_seqlens and seqused only; kFloat8E4M3 (e4m3, finite only: PyTorch's float8_e4m3fn):
+// quantize_fp8's output only.
+enum class DType { kFloat16, kBFloat16, kFloat32, kInt32, kFloat8E4M3 };
 
 // Size in bytes of one element of `dtype`.
 std::size_t dtype_size(DType dtype);
-// "float16", "bfloat16", "float32", "int32".
+// "float16", "bfloat16", "float32", "int32", "float8_e4m3fn".
 const char* dtype_name(DType dtype);
 
 inline constexpr int kMaxRank = 4;

@@ -21,8 +21,15 @@ typedef enum {
   FLASHHOP_INTERNAL_ERROR = 4
 } flashhop_status_t;
 
-/* FLASHHOP_INT32: cu_seqlens and seqused only. */
-typedef enum { FLASHHOP_FLOAT16 = 0, FLASHHOP_BFLOAT16 = 1, FLASHHOP_FLOAT32 = 2, FLASHHOP_INT32 = 3 } flashhop_dtype_t;
+/* FLASHHOP_INT32: cu_seqlens and seqused only; FLASHHOP_FLOAT8_E4M3 (float8_e4m3fn): flashhop_quantize_fp8's
+ * output only. */
+typedef enum {
+  FLASHHOP_FLOAT16 = 0,
+  FLASHHOP_BFLOAT16 = 1,
+  FLASHHOP_FLOAT32 = 2,
+  FLASHHOP_INT32 = 3,
+  FLASHHOP_FLOAT8_E4M3 = 4
+} flashhop_dtype_t;
 
 /* flashhop::PackGqa */
 typedef enum { FLASHHOP_PACK_GQA_AUTO = 0, FLASHHOP_PACK_GQA_OFF = 1, FLASHHOP_PACK_GQA_ON = 2 } flashhop_pack_gqa_t;

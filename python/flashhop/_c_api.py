@@ -15,7 +15,7 @@ _MAX_RANK = 4
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 # flashhop_dtype_t
-_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.int32: 3}
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.int32: 3, torch.float8_e4m3fn: 4}
 
 # flashhop_status_t
 _SUCCESS = 0

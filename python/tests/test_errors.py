@@ -39,6 +39,31 @@ def test_cpu_tensors_are_rejected():
         flashhop.flash_attn_func(q, k, v)
 
 
+def test_float8_operands_are_named_by_the_library():
+    """float8_e4m3fn (quantize_fp8's output) reaches the library, which rejects it as an attention
+    operand by name; the library validates host descriptors without a device."""
+    import ctypes
+
+    from flashhop import _c_api
+
+    def describe(tensor):  # as _c_api._describe, on device 0 for the host tensors
+        desc = _c_api._Tensor(data=tensor.data_ptr(), dtype=_c_api._DTYPES[tensor.dtype], rank=tensor.dim(),
+                              device=0)
+        for d in range(tensor.dim()):
+            desc.shape[d], desc.stride[d] = tensor.shape[d], tensor.stride(d)
+        return desc
+
+    q, k, v = _inputs("cpu")
+    size = ctypes.c_size_t()
+    for fp8, message in [("q", r"q.dtype = float8_e4m3fn: expected float16 or bfloat16"),
+                         ("k", r"k.dtype = float8_e4m3fn: expected bfloat16 \(the dtype of q\)")]:
+        tensors = {"q": q, "k": k, "v": v, "o": torch.empty_like(q)}
+        tensors[fp8] = tensors[fp8].to(torch.float8_e4m3fn)
+        args = _c_api._ForwardArgs(**{name: describe(t) for name, t in tensors.items()})
+        with pytest.raises(ValueError, match=message):
+            _c_api._check(_c_api._library.flashhop_forward_workspace_size(ctypes.byref(args), ctypes.byref(size)))
+
+
 @requires_hopper
 def test_tensor_on_the_cpu_among_cuda_ones():
     q, k, v = _inputs()

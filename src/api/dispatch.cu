@@ -118,6 +118,7 @@ Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream
     case DType::kFloat32:
       return sm90::launch_combine<float>(params, stream);
     case DType::kInt32:
+    case DType::kFloat8E4M3:
       break;
   }
   return {StatusCode::kInvalidArgument, std::string("out.dtype = ") + dtype_name(dtype) +

@@ -14,6 +14,8 @@ namespace flashhop {
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
+    case DType::kFloat8E4M3:
+      return 1;
     case DType::kFloat16:
     case DType::kBFloat16:
       return 2;
@@ -34,6 +36,8 @@ const char* dtype_name(DType dtype) {
       return "float32";
     case DType::kInt32:
       return "int32";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3fn";
   }
   return "unknown";
 }

@@ -752,8 +752,8 @@ Status validate_combine(const CombineArgs& args) {
   checks << check_dtype(out_partial, DType::kFloat32, "partial results are float32")
          << check_dtype(lse_partial, DType::kFloat32, "partial results are float32");
   if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
-  if (out.desc.dtype == DType::kInt32) {
-    checks << invalid("out.dtype = int32: expected bfloat16, float16 or float32");
+  if (out.desc.dtype != DType::kBFloat16 && out.desc.dtype != DType::kFloat16 && out.desc.dtype != DType::kFloat32) {
+    checks << invalid("out.dtype = ", dtype_name(out.desc.dtype), ": expected bfloat16, float16 or float32");
   }
   if (!checks.status().ok()) return checks.status();
 
