@@ -53,7 +53,11 @@ TEST_P(Recipe, FitsTheKernelsLimits) {
   // Each thread holds block_n / 4 columns of its score rows; the softmax splits them into chains.
   EXPECT_GE(r.softmax_chains, 1);
   EXPECT_LE(r.softmax_chains, r.block_n / 4);
-  const int tensor_bytes = (r.block_m * r.head_dim + r.stages * r.block_n * (r.head_dim + r.head_dim_v)) * kElementBytes;
+  // FP8: 1-byte Q, K and V, and stages of V transposed; O is 16-bit in every recipe.
+  const int element_bytes = r.fp8 ? 1 : kElementBytes;
+  const int vt_bytes = r.fp8 ? r.stages * r.block_n * r.head_dim_v : 0;
+  const int tensor_bytes =
+      (r.block_m * r.head_dim + r.stages * r.block_n * (r.head_dim + r.head_dim_v) + vt_bytes) * element_bytes;
   const int o_bytes = r.block_m * r.head_dim_v * kElementBytes;
   EXPECT_LE(tensor_bytes + (r.o_buffer == OBuffer::kOwn ? o_bytes : 0) + 1024, kSharedBytesPerCta);
   // One consumer warpgroup runs two CTAs per SM (WarpGroups), each with O in its own buffer.
@@ -65,11 +69,19 @@ TEST_P(Recipe, FitsTheKernelsLimits) {
   // default are the head dim's own tiles for it.
   EXPECT_TRUE(!r.pack_gqa || r.tile_choice == flashhop::sm90::default_tile_choice(r.local())) << r.name;
   EXPECT_TRUE(r.local() || !r.mask_by_chunks) << r.name;
-  // Each (head dims, mask, packing, choice) has one recipe.
+  // FP8: two consumer warpgroups (the transposer's register budget), key tiles of whole 32-column
+  // A fragments of P, O in its own buffer; unpacked, fixed-length, one recipe per mask kind.
+  if (r.fp8) {
+    EXPECT_EQ(r.block_m, 128) << r.name;
+    EXPECT_EQ(r.block_n % 32, 0) << r.name;
+    EXPECT_EQ(r.o_buffer, OBuffer::kOwn) << r.name;
+    EXPECT_FALSE(r.pack_gqa || r.varlen) << r.name;
+  }
+  // Each (head dims, mask, packing, choice, FP8) has one recipe.
   int same = 0;
   for (const ForwardRecipe& other : kForwardRecipes) {
     same += other.head_dim == r.head_dim && other.head_dim_v == r.head_dim_v && other.mask == r.mask &&
-            other.pack_gqa == r.pack_gqa && other.tile_choice == r.tile_choice;
+            other.pack_gqa == r.pack_gqa && other.tile_choice == r.tile_choice && other.fp8 == r.fp8;
   }
   EXPECT_EQ(same, 1) << r.name;
 }

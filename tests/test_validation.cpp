@@ -71,7 +71,7 @@ constexpr StatusCode kNotSupported = StatusCode::kNotSupported;
 const InvalidCase kInvalidCases[] = {
     // dtypes
     {"q_float32", [](ForwardArgs& a) { a.q.dtype = DType::kFloat32; }, kInvalid,
-     {"q.dtype = float32", "float16 or bfloat16"}},
+     {"q.dtype = float32", "expected float16, bfloat16 or float8_e4m3fn"}},
     {"k_dtype_differs", [](ForwardArgs& a) { a.k.dtype = DType::kFloat16; }, kInvalid,
      {"k.dtype = float16", "expected bfloat16"}},
     {"v_dtype_differs", [](ForwardArgs& a) { a.v.dtype = DType::kFloat16; }, kInvalid, {"v.dtype = float16"}},
@@ -80,12 +80,15 @@ const InvalidCase kInvalidCases[] = {
      {"lse.dtype = bfloat16", "expected float32"}},
     {"dtype_not_an_enum_value", [](ForwardArgs& a) { a.q.dtype = static_cast<DType>(7); }, kInvalid,
      {"q.dtype = unknown"}},
-    // float8_e4m3fn is quantize_fp8's output, not (yet) an attention operand
-    {"q_float8",
+    // FP8: e4m3 q, k and v write bfloat16 O
+    {"fp8_o_float8",
      [](ForwardArgs& a) {
        for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o}) t->dtype = DType::kFloat8E4M3;
      },
-     kInvalid, {"q.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
+     kInvalid, {"o.dtype = float8_e4m3fn: expected bfloat16 (FP8 attention writes bfloat16)"}},
+    {"fp8_v_bfloat16",
+     [](ForwardArgs& a) { a.q.dtype = a.k.dtype = DType::kFloat8E4M3; },
+     kInvalid, {"v.dtype = bfloat16: expected float8_e4m3fn (the dtype of q)"}},
     {"k_float8", [](ForwardArgs& a) { a.k.dtype = DType::kFloat8E4M3; }, kInvalid,
      {"k.dtype = float8_e4m3fn: expected bfloat16 (the dtype of q)"}},
     {"lse_float8", [](ForwardArgs& a) { a.lse->dtype = DType::kFloat8E4M3; }, kInvalid,
@@ -813,9 +816,9 @@ const InvalidCase kInvalidVarlenCases[] = {
     {"seqused_q_float16", [](ForwardArgs& a) { a.seqused_q->dtype = DType::kFloat16; }, kInvalid,
      {"seqused_q.dtype = float16: expected int32"}},
     {"q_int32", [](ForwardArgs& a) { a.q.dtype = DType::kInt32; }, kInvalid,
-     {"q.dtype = int32: expected float16 or bfloat16"}},
-    {"q_float8", [](ForwardArgs& a) { a.q.dtype = DType::kFloat8E4M3; }, kInvalid,
-     {"q.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
+     {"q.dtype = int32: expected float16, bfloat16 or float8_e4m3fn"}},
+    {"q_float8", [](ForwardArgs& a) { a.q.dtype = DType::kFloat8E4M3; }, kNotSupported,
+     {"q.dtype = float8_e4m3fn with cu_seqlens_q: expected a fixed-length batch"}},
     {"cu_seqlens_q_float8", [](ForwardArgs& a) { a.cu_seqlens_q->dtype = DType::kFloat8E4M3; }, kInvalid,
      {"cu_seqlens_q.dtype = float8_e4m3fn: expected int32"}},
     {"lse_bfloat16", [](ForwardArgs& a) { a.lse->dtype = DType::kBFloat16; }, kInvalid, {"lse.dtype = bfloat16"}},
@@ -1482,6 +1485,84 @@ TEST(AppendKvValidation, NamesTheArgument) {
   interleaved.k_cache.stride[0] = interleaved.v_cache.stride[0] = 2 * 16 * 2 * 128;
   interleaved.v_cache.data = shifted(interleaved.k_cache.data, 16 * 2 * 128 * 2);
   EXPECT_TRUE(flashhop::validate_append_kv(interleaved).ok()) << flashhop::validate_append_kv(interleaved).message;
+}
+
+// ---- FP8 ---------------------------------------------------------------------------------------
+
+// kProblem's call with e4m3 q, k and v (o stays bfloat16) and float32 (batch, nheads_kv) descales,
+// each in an allocation of its own.
+ForwardArgs valid_fp8_args() {
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f4000000000} + (gib << 32));
+  };
+  ForwardArgs a = valid_args();
+  a.q.dtype = a.k.dtype = a.v.dtype = DType::kFloat8E4M3;
+  a.q_descale = flashhop::make_contiguous(at(0), DType::kFloat32, {2, 2});
+  a.k_descale = flashhop::make_contiguous(at(1), DType::kFloat32, {2, 2});
+  a.v_descale = flashhop::make_contiguous(at(2), DType::kFloat32, {2, 2});
+  return a;
+}
+
+class InvalidFp8Arguments : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidFp8Arguments, RejectedWithCodeAndNamedArgument) { expect_rejected(valid_fp8_args(), GetParam()); }
+
+const InvalidCase kInvalidFp8Cases[] = {
+    {"descale_without_fp8",
+     [](ForwardArgs& a) { a.q.dtype = a.k.dtype = a.v.dtype = DType::kBFloat16; }, kInvalid,
+     {"q_descale is given with q.dtype = bfloat16: expected descales only with float8_e4m3fn q, k and v"}},
+    {"o_float16", [](ForwardArgs& a) { a.o.dtype = DType::kFloat16; }, kInvalid,
+     {"o.dtype = float16: expected bfloat16 (FP8 attention writes bfloat16)"}},
+    {"pack_gqa_on", [](ForwardArgs& a) { a.pack_gqa = flashhop::PackGqa::kOn; }, kNotSupported,
+     {"pack_gqa = kOn with q.dtype = float8_e4m3fn"}},
+    {"q_descale_rank_1", [](ForwardArgs& a) { a.q_descale->rank = 1; }, kInvalid,
+     {"q_descale.rank = 1", "expected 2 (batch, nheads_kv)"}},
+    {"k_descale_float16", [](ForwardArgs& a) { a.k_descale->dtype = DType::kFloat16; }, kInvalid,
+     {"k_descale.dtype = float16: expected float32 (descales are float32)"}},
+    {"v_descale_per_query_head", [](ForwardArgs& a) { a.v_descale->shape[1] = 8; }, kInvalid,
+     {"v_descale.shape[1] (nheads_kv) = 8: expected 2 (k.shape[2] (nheads_kv))"}},
+    {"q_descale_batch_differs", [](ForwardArgs& a) { a.q_descale->shape[0] = 3; }, kInvalid,
+     {"q_descale.shape[0] (batch) = 3: expected 2 (q.shape[0] (batch))"}},
+    {"k_descale_negative_stride", [](ForwardArgs& a) { a.k_descale->stride[0] = -2; }, kInvalid,
+     {"k_descale.stride[0] = -2: expected >= 0"}},
+    {"v_descale_null", [](ForwardArgs& a) { a.v_descale->data = nullptr; }, kInvalid, {"v_descale.data = null"}},
+    {"v_descale_misaligned", [](ForwardArgs& a) { a.v_descale->data = shifted(a.v_descale->data, 2); }, kInvalid,
+     {"v_descale.data"}},
+    {"o_over_q_descale", [](ForwardArgs& a) { a.q_descale->data = shifted(a.o.data, 64); }, kInvalid,
+     {"overlaps q_descale's"}},
+    {"q_descale_on_other_device", [](ForwardArgs& a) { a.q_descale->device = 1; }, kInvalid,
+     {"q_descale.device = 1"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validation, InvalidFp8Arguments, ::testing::ValuesIn(kInvalidFp8Cases),
+                         [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+TEST(Fp8Validation, AcceptsDescalesPerHeadBroadcastOrNone) {
+  ForwardArgs a = valid_fp8_args();
+  EXPECT_TRUE(flashhop::validate_forward(a).ok()) << flashhop::validate_forward(a).message;
+  a.q_descale->stride[0] = a.q_descale->stride[1] = 0;  // one value for every (batch, KV head)
+  EXPECT_TRUE(flashhop::validate_forward(a).ok()) << flashhop::validate_forward(a).message;
+  a.q_descale.reset();
+  a.k_descale.reset();
+  a.v_descale.reset();
+  EXPECT_TRUE(flashhop::validate_forward(a).ok()) << flashhop::validate_forward(a).message;
+}
+
+TEST(Fp8Plan, TakesTheFp8RecipeOfTheMaskKindAndTheDescales) {
+  ForwardArgs a = valid_fp8_args();
+  a.k_descale->stride[0] = 0;  // broadcast over the batch
+  flashhop::detail::ForwardPlan plan = flashhop::detail::plan_forward(a, {});
+  EXPECT_STREQ(plan.recipe_of().name, "fp8_hdim128_nomask");
+  EXPECT_EQ(plan.dtype, DType::kFloat8E4M3);
+  EXPECT_EQ(plan.params.q_descale, a.q_descale->data);
+  EXPECT_EQ(plan.params.q_descale_batch_stride, 2);
+  EXPECT_EQ(plan.params.q_descale_head_stride, 1);
+  EXPECT_EQ(plan.params.k_descale_batch_stride, 0);
+  EXPECT_EQ(plan.params.v_descale, a.v_descale->data);
+  a.causal = true;
+  EXPECT_STREQ(flashhop::detail::plan_forward(a, {}).recipe_of().name, "fp8_hdim128_local");
+  // bfloat16 calls never take an FP8 recipe.
+  EXPECT_FALSE(flashhop::detail::plan_forward(valid_args(), {}).recipe_of().fp8);
 }
 
 // ---- backward ----------------------------------------------------------------------------------

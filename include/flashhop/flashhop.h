@@ -149,6 +149,12 @@ struct ForwardArgs {
   // The splits' partial results take workspace (forward_workspace_size). A fixed-length call takes
   // 0 or 1: it splits its last round of tiles by keys itself.
   int num_splits = 0;
+  // FP8, as FlashAttention-3's: q, k and v float8_e4m3fn, o bfloat16, and optional descales, float32
+  // (batch, nheads_kv) with any strides (0 broadcasts one value; none: 1): the scores of (batch, KV
+  // head) are softmax_scale q_descale k_descale times q.k of the e4m3 values, and its rows of O are
+  // v_descale times softmax(scores) V. P is quantized to e4m3 for P V. Fixed-length batches without
+  // packed GQA rows; every mask, soft-capping and head dim.
+  std::optional<TensorDesc> q_descale, k_descale, v_descale;
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): none

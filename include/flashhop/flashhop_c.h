@@ -69,6 +69,10 @@ typedef struct {
   const flashhop_tensor_t* page_table; /* NULL, or int32 (batch, max_pages) */
   int num_splits; /* splits by keys of a variable-length or paged call: 0 chosen, 1 none, n <= 256 */
   const flashhop_tensor_t* leftpad_k; /* NULL, or int32 (batch): each sequence's first key row */
+  /* FP8 (q, k, v FLASHHOP_FLOAT8_E4M3, o bfloat16): NULL (1), or float32 (batch, nheads_kv) descales. */
+  const flashhop_tensor_t* q_descale;
+  const flashhop_tensor_t* k_descale;
+  const flashhop_tensor_t* v_descale;
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

@@ -65,6 +65,9 @@ class _ForwardArgs(ctypes.Structure):
         ("page_table", ctypes.POINTER(_Tensor)),
         ("num_splits", ctypes.c_int),
         ("leftpad_k", ctypes.POINTER(_Tensor)),
+        ("q_descale", ctypes.POINTER(_Tensor)),
+        ("k_descale", ctypes.POINTER(_Tensor)),
+        ("v_descale", ctypes.POINTER(_Tensor)),
     ]
 
 
@@ -212,12 +215,17 @@ def _run(workspace_size, run, args, device):
     _check(run(ctypes.byref(args), workspace.data_ptr() or None, workspace_bytes.value, stream))
 
 
-def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa):
+def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa, q_descale=None,
+            k_descale=None, v_descale=None):
     """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
-    be the current device."""
-    lse_desc = _describe("lse", lse)
+    be the current device; the descales (FP8 inputs) where given."""
+    descs = {"lse": _describe("lse", lse)}
+    for name, tensor in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if tensor is not None:
+            descs[name] = _describe(name, tensor)
+    pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}
     args = _ForwardArgs(q=_describe("q", q), k=_describe("k", k), v=_describe("v", v), o=_describe("o", out),
-                        lse=ctypes.pointer(lse_desc), pack_gqa=_PACK_GQA[pack_gqa],
+                        pack_gqa=_PACK_GQA[pack_gqa], **pointers,
                         **_options(softmax_scale, causal, window_left, window_right, softcap))
     _run(_library.flashhop_forward_workspace_size, _library.flashhop_forward, args, q.device)
 

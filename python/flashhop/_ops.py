@@ -15,15 +15,20 @@ from . import _c_api
 _LAYOUTS = {"q": "(batch, seqlen_q, nheads, head_dim)", "v": "(batch, seqlen_k, nheads_kv, head_dim_v)"}
 
 
+def _out_dtype(q):
+    """O's dtype: q's, or bfloat16 for FP8 (float8_e4m3fn) inputs, as FlashAttention-3's."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
 def _empty_outputs(q, v):
-    """out (batch, seqlen_q, nheads, head_dim_v) in q's dtype and lse (batch, nheads, seqlen_q) in
-    float32. The library checks every other property of the arguments; only the ranks that these
+    """out (batch, seqlen_q, nheads, head_dim_v) in _out_dtype(q) and lse (batch, nheads, seqlen_q)
+    in float32. The library checks every other property of the arguments; only the ranks that these
     shapes are read from are checked here, before anything is allocated."""
     for name, tensor in (("q", q), ("v", v)):
         if tensor.dim() != 4:
             raise ValueError(f"flashhop: {name}.rank = {tensor.dim()}: expected 4 {_LAYOUTS[name]}")
     batch, seqlen_q, nheads, _ = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))
+    out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]), dtype=_out_dtype(q))
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
     return out, lse
 
@@ -31,7 +36,9 @@ def _empty_outputs(q, v):
 @torch.library.custom_op("flashhop::fwd", mutates_args=())
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
         window_left: int, window_right: int, softcap: float,
-        pack_gqa: Optional[bool] = None, deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        pack_gqa: Optional[bool] = None, deterministic: bool = False, q_descale: Optional[torch.Tensor] = None,
+        k_descale: Optional[torch.Tensor] = None,
+        v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(S) v and lse = logsumexp(S) per query row, in FlashAttention's layout, for the
     scores S = softmax_scale * q k^T, soft-capped to softcap * tanh(S / softcap) when softcap > 0,
     with -inf where masked. Masks are aligned to the bottom-right corner: query i sees the keys j
@@ -39,20 +46,24 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Option
     -1 leaving a side unbounded; causal is window_right = 0 (window_right > 0 with it is an error).
     pack_gqa packs the query heads that share a KV head into one query tile: None lets the library
     choose, True always, False never; the result is the same attention. deterministic is for the
-    backward: dq accumulated in a fixed order."""
+    backward: dq accumulated in a fixed order. FP8: float8_e4m3fn q, k and v, with optional float32
+    (batch, nheads_kv) descales; out is bfloat16 (forward only)."""
     # Registered for every device type so that a tensor elsewhere gets this message rather than the
     # dispatcher's "could not run with arguments from the CPU backend".
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if tensor.device.type != "cuda":
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("q_descale", q_descale), ("k_descale", k_descale),
+                         ("v_descale", v_descale)):
+        if tensor is not None and tensor.device.type != "cuda":
             raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
     out, lse = _empty_outputs(q, v)
     with torch.cuda.device(q.device):
-        _c_api.forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
+        _c_api.forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa,
+                       q_descale, k_descale, v_descale)
     return out, lse
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False,
+              q_descale=None, k_descale=None, v_descale=None):
     return _empty_outputs(q, v)
 
 
@@ -87,7 +98,8 @@ def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, window_left, w
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, *options, _pack_gqa, deterministic = inputs  # bwd takes no pack_gqa: it only schedules the forward
+    # bwd takes no pack_gqa (it only schedules the forward) and no descales (FP8 has no backward).
+    q, k, v, *options, _pack_gqa, deterministic, _q_descale, _k_descale, _v_descale = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = options  # softmax_scale, causal, window_left, window_right, softcap
@@ -96,8 +108,11 @@ def _save_for_backward(ctx, inputs, output):
 
 def _fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
+    if q.dtype == torch.float8_e4m3fn:
+        raise NotImplementedError("flashhop: FP8 (float8_e4m3fn) attention has no backward")
     grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, *ctx.options, ctx.deterministic)
-    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 2)  # + 2: pack_gqa, deterministic
+    # None for the options, pack_gqa, deterministic and the three descales.
+    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 5)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)

@@ -11,7 +11,8 @@ from ._support import unsupported_reason
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-1, -1), softcap=0.0,
-                    pack_gqa=None, deterministic=False, return_attn_probs=False):
+                    pack_gqa=None, deterministic=False, return_attn_probs=False, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Exact attention in FlashAttention's layout, as FlashAttention-3's function of this name.
 
     q: (batch, seqlen_q, nheads, head_dim); k: (batch, seqlen_k, nheads_kv, head_dim); v: (batch,
@@ -32,13 +33,17 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     False never does; the result is the same attention either way.
     deterministic: the backward accumulates dq in a fixed order, so that repeated backward calls are
     bitwise identical (dk and dv always are); differentiable through torch.ops.flashhop.bwd.
+    FP8, as FlashAttention-3's: q, k and v float8_e4m3fn, and q_descale, k_descale, v_descale
+    None (1) or float32 (batch, nheads_kv) CUDA tensors: the scores are softmax_scale * q_descale *
+    k_descale * q.k of the e4m3 values, out is v_descale * softmax(scores) v, in bfloat16 (forward
+    only; pack_gqa is not taken).
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
     """
     window_left, window_right = _window(window_size, causal)
     out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                                              pack_gqa, deterministic)
+                                              pack_gqa, deterministic, q_descale, k_descale, v_descale)
     return (out, softmax_lse) if return_attn_probs else out
 
 

@@ -40,8 +40,8 @@ def test_cpu_tensors_are_rejected():
 
 
 def test_float8_operands_are_named_by_the_library():
-    """float8_e4m3fn (quantize_fp8's output) reaches the library, which rejects it as an attention
-    operand by name; the library validates host descriptors without a device."""
+    """float8_e4m3fn reaches the library, which takes it for q, k and v together (FP8 attention)
+    and names the operand that breaks that; the library validates host descriptors without a device."""
     import ctypes
 
     from flashhop import _c_api
@@ -55,7 +55,7 @@ def test_float8_operands_are_named_by_the_library():
 
     q, k, v = _inputs("cpu")
     size = ctypes.c_size_t()
-    for fp8, message in [("q", r"q.dtype = float8_e4m3fn: expected float16 or bfloat16"),
+    for fp8, message in [("q", r"k.dtype = bfloat16: expected float8_e4m3fn \(the dtype of q\)"),
                          ("k", r"k.dtype = float8_e4m3fn: expected bfloat16 \(the dtype of q\)")]:
         tensors = {"q": q, "k": k, "v": v, "o": torch.empty_like(q)}
         tensors[fp8] = tensors[fp8].to(torch.float8_e4m3fn)

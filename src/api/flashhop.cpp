@@ -216,7 +216,10 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
                                                           {"v.data", p.v, keys},
                                                           {"o.data", p.o, rows},
                                                           {"lse.data", p.lse, p.lse != nullptr && rows},
-                                                          {"workspace", p.workspace, p.workspace != nullptr}});
+                                                          {"workspace", p.workspace, p.workspace != nullptr},
+                                                          {"q_descale.data", p.q_descale, p.q_descale != nullptr},
+                                                          {"k_descale.data", p.k_descale, p.k_descale != nullptr},
+                                                          {"v_descale.data", p.v_descale, p.v_descale != nullptr}});
       !status.ok()) {
     return status;
   }

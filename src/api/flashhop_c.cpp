@@ -110,7 +110,10 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
                                       std::pair{args->seqused_q, &out->seqused_q},
                                       std::pair{args->seqused_k, &out->seqused_k},
                                       std::pair{args->page_table, &out->page_table},
-                                      std::pair{args->leftpad_k, &out->leftpad_k}}) {
+                                      std::pair{args->leftpad_k, &out->leftpad_k},
+                                      std::pair{args->q_descale, &out->q_descale},
+                                      std::pair{args->k_descale, &out->k_descale},
+                                      std::pair{args->v_descale, &out->v_descale}}) {
     if (tensor != nullptr) *field = to_cpp(*tensor);
   }
   out->max_seqlen_q = args->max_seqlen_q;

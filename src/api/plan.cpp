@@ -86,8 +86,8 @@ std::optional<int> find_recipe(int head_dim, int head_dim_v, bool local, bool pa
   const auto find = [&](TileChoice wanted) -> std::optional<int> {
     for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
       const sm90::ForwardRecipe& r = kForwardRecipes[i];
-      if (r.head_dim == head_dim && r.head_dim_v == head_dim_v && r.local() == local && r.pack_gqa == pack_gqa &&
-          r.tile_choice == wanted) {
+      if (!r.fp8 && r.head_dim == head_dim && r.head_dim_v == head_dim_v && r.local() == local &&
+          r.pack_gqa == pack_gqa && r.tile_choice == wanted) {
         return i;
       }
     }
@@ -95,6 +95,16 @@ std::optional<int> find_recipe(int head_dim, int head_dim_v, bool local, bool pa
   };
   if (std::optional<int> own = find(choice)) return own;
   return find(sm90::default_tile_choice(local));
+}
+
+// The FP8 recipe of the head dims and mask kind (one per pair; validation accepted only head dims
+// that have recipes).
+int fp8_recipe(int head_dim, int head_dim_v, bool local) {
+  for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
+    const sm90::ForwardRecipe& r = kForwardRecipes[i];
+    if (r.fp8 && r.head_dim == head_dim && r.head_dim_v == head_dim_v && r.local() == local) return i;
+  }
+  return -1;
 }
 
 // Short rows, where the head dim has tiles of its own for them:
@@ -305,16 +315,31 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
            &params.window_right);
   const bool local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
 
-  // Packed rows take the default choice; the unpacked rows' tiles, which packing is weighed
-  // against, their own. Validation accepted only head dims that have recipes.
-  const TileChoice unpacked_choice =
-      tile_choice(head_dim, head_dim_v, local, params.seqlen_q,
-                  middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
-  const int unpacked = *find_recipe(head_dim, head_dim_v, local, false, unpacked_choice);
-  const int packed = *find_recipe(head_dim, head_dim_v, local, true, sm90::default_tile_choice(local));
-  const bool pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
-                                     kForwardRecipes[unpacked].block_m, kForwardRecipes[packed].block_m);
-  plan.recipe = pack_gqa ? packed : unpacked;
+  if (args.q.dtype == DType::kFloat8E4M3) {
+    // FP8: the head dims' one recipe per mask kind (validation refused packed rows), and the descales.
+    plan.recipe = fp8_recipe(head_dim, head_dim_v, local);
+    const auto descale = [](const std::optional<TensorDesc>& t, const float*& data, std::int64_t& batch_stride,
+                            std::int64_t& head_stride) {
+      if (!t) return;
+      data = static_cast<const float*>(t->data);
+      batch_stride = t->shape[0] > 1 ? t->stride[0] : 0;
+      head_stride = t->shape[1] > 1 ? t->stride[1] : 0;
+    };
+    descale(args.q_descale, params.q_descale, params.q_descale_batch_stride, params.q_descale_head_stride);
+    descale(args.k_descale, params.k_descale, params.k_descale_batch_stride, params.k_descale_head_stride);
+    descale(args.v_descale, params.v_descale, params.v_descale_batch_stride, params.v_descale_head_stride);
+  } else {
+    // Packed rows take the default choice; the unpacked rows' tiles, which packing is weighed
+    // against, their own. Validation accepted only head dims that have recipes.
+    const TileChoice unpacked_choice =
+        tile_choice(head_dim, head_dim_v, local, params.seqlen_q,
+                    middle_row_keys(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right));
+    const int unpacked = *find_recipe(head_dim, head_dim_v, local, false, unpacked_choice);
+    const int packed = *find_recipe(head_dim, head_dim_v, local, true, sm90::default_tile_choice(local));
+    const bool pack_gqa = use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
+                                       kForwardRecipes[unpacked].block_m, kForwardRecipes[packed].block_m);
+    plan.recipe = pack_gqa ? packed : unpacked;
+  }
 
   params.num_sms = device.num_sms;
   params.l2_bytes = device.l2_bytes;

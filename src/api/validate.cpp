@@ -228,12 +228,17 @@ std::string listed(const std::vector<std::string>& items) {
 // q in float16 or bfloat16; k, v and o in q's dtype; LSE, where given, in float32.
 Status check_attention_dtypes(const Operand& q, const Operand& k, const Operand& v, const Operand& o,
                               const std::optional<Operand>& lse) {
-  if (q.desc.dtype != DType::kFloat16 && q.desc.dtype != DType::kBFloat16) {
-    return invalid("q.dtype = ", dtype_name(q.desc.dtype), ": expected float16 or bfloat16");
+  const bool fp8 = q.desc.dtype == DType::kFloat8E4M3;
+  if (q.desc.dtype != DType::kFloat16 && q.desc.dtype != DType::kBFloat16 && !fp8) {
+    return invalid("q.dtype = ", dtype_name(q.desc.dtype), ": expected float16, bfloat16 or float8_e4m3fn");
   }
   FirstError checks;
-  checks << check_dtype(k, q.desc.dtype, "the dtype of q") << check_dtype(v, q.desc.dtype, "the dtype of q")
-         << check_dtype(o, q.desc.dtype, "the dtype of q");
+  checks << check_dtype(k, q.desc.dtype, "the dtype of q") << check_dtype(v, q.desc.dtype, "the dtype of q");
+  if (fp8) {
+    checks << check_dtype(o, DType::kBFloat16, "FP8 attention writes bfloat16");
+  } else {
+    checks << check_dtype(o, q.desc.dtype, "the dtype of q");
+  }
   if (lse) checks << check_dtype(*lse, DType::kFloat32, "LSE is float32");
   return checks.status();
 }
@@ -303,6 +308,58 @@ Status check_pack_gqa(const ForwardArgs& args, std::int64_t packed, const char* 
   return invalid("pack_gqa = ", static_cast<int>(args.pack_gqa), ": expected PackGqa::kAuto, kOff or kOn");
 }
 
+
+// ---- FP8 ---------------------------------------------------------------------------------------
+
+constexpr const char* kDescaleDims[] = {"batch", "nheads_kv"};
+
+// Which calls take FP8: descales only with e4m3 inputs; e4m3 inputs in fixed-length batches
+// without packed GQA rows (the FP8 kernels built).
+Status check_fp8_kind(const ForwardArgs& args) {
+  const bool fp8 = args.q.dtype == DType::kFloat8E4M3;
+  for (const auto& [name, descale] : {std::pair{"q_descale", &args.q_descale}, std::pair{"k_descale", &args.k_descale},
+                                      std::pair{"v_descale", &args.v_descale}}) {
+    if (descale->has_value() && !fp8) {
+      return invalid(name, " is given with q.dtype = ", dtype_name(args.q.dtype),
+                     ": expected descales only with float8_e4m3fn q, k and v");
+    }
+  }
+  if (!fp8) return Status::success();
+  if (args.cu_seqlens_q || args.page_table) {
+    return fail(StatusCode::kNotSupported, "q.dtype = float8_e4m3fn with ",
+                args.page_table ? "page_table" : "cu_seqlens_q",
+                ": expected a fixed-length batch (the FP8 kernels are built for fixed-length batches)");
+  }
+  if (args.pack_gqa == PackGqa::kOn) {
+    return fail(StatusCode::kNotSupported,
+                "pack_gqa = kOn with q.dtype = float8_e4m3fn: expected kAuto or kOff (the FP8 kernels do not pack "
+                "query heads)");
+  }
+  return Status::success();
+}
+
+// The descales of an FP8 call: float32 (batch, nheads_kv), any non-negative strides (0 broadcasts),
+// on q's device, read only (not overlapping o or lse).
+Status check_descales(const ForwardArgs& args, const Operand& q, const Operand& k, const Operand& o,
+                      const std::optional<Operand>& lse) {
+  FirstError checks;
+  for (const auto& [name, descale] : {std::pair{"q_descale", &args.q_descale}, std::pair{"k_descale", &args.k_descale},
+                                      std::pair{"v_descale", &args.v_descale}}) {
+    if (!descale->has_value()) continue;
+    const Operand t{name, **descale, kDescaleDims, 2};
+    checks << check_rank(t) << check_dtype(t, DType::kFloat32, "descales are float32");
+    if (!checks.status().ok()) return checks.status();
+    checks << check_dim_matches(t, 0, q, 0) << check_dim_matches(t, 1, k, 2);
+    for (int d = 0; d < 2; ++d) {
+      if (t.desc.stride[d] < 0) {
+        checks << invalid(name, ".stride[", d, "] = ", t.desc.stride[d], ": expected >= 0 (0 broadcasts one value)");
+      }
+    }
+    checks << check_data(t, sizeof(float)) << check_same_device(t, q) << check_no_overlap(o, t);
+    if (lse) checks << check_no_overlap(*lse, t);
+  }
+  return checks.status();
+}
 
 // ---- variable-length batches (cu_seqlens) -------------------------------------------------------
 
@@ -543,6 +600,7 @@ Status validate_forward(const ForwardArgs& args) {
   if (args.num_splits < 0 || args.num_splits > kMaxSplits) {
     return invalid("num_splits = ", args.num_splits, ": expected 0 (the library chooses) to ", kMaxSplits);
   }
+  if (Status status = check_fp8_kind(args); !status.ok()) return status;
   if (args.cu_seqlens_q) return validate_varlen_forward(args);
   if (args.num_splits > 1) {
     return fail(StatusCode::kNotSupported, "num_splits = ", args.num_splits,
@@ -619,6 +677,7 @@ Status validate_forward(const ForwardArgs& args) {
   if (Status status = check_pack_gqa(args, packed_rows(q, k), "seqlen_q * nheads / nheads_kv"); !status.ok()) {
     return status;
   }
+  if (Status status = check_descales(args, q, k, o, lse); !status.ok()) return status;
   return check_supported_head_dims(q, v);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
@@ -217,6 +218,9 @@ void attend_backward(const AttentionShape& s, const float* q, const float* k, co
 
 float round_to_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 float round_to_fp16(float x) { return __half2float(__float2half_rn(x)); }
+float round_to_e4m3(float x) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), __NV_E4M3)));
+}
 float keep_float(float x) { return x; }
 
 }  // namespace
@@ -242,7 +246,9 @@ void attention_forward_low_precision(const AttentionShape& shape, const float* q
   float (*round_to_dtype)(float) = keep_float;
   if (dtype == DType::kBFloat16) round_to_dtype = round_to_bf16;
   if (dtype == DType::kFloat16) round_to_dtype = round_to_fp16;
-  attend<float>(shape, q, k, v, options, round_to_dtype, o, lse);
+  // FP8: P is e4m3 in P V, O bfloat16.
+  attend<float>(shape, q, k, v, options, dtype == DType::kFloat8E4M3 ? round_to_e4m3 : round_to_dtype, o, lse);
+  if (dtype == DType::kFloat8E4M3) round_to_dtype = round_to_bf16;
   for (float& value : *o) value = round_to_dtype(value);
 }
 

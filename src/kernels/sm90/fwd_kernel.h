@@ -190,6 +190,16 @@ struct ForwardKernel {
     }
   }
 
+  // The ring the consumers read V^T from: with FP8 Vt's, else V's.
+  template <class VtRing>
+  static CUTLASS_DEVICE auto& v_read_ring(VtRing& vt_ring, Pipeline& pipeline_v) {
+    if constexpr (Mainloop::kFp8) {
+      return vt_ring;
+    } else {
+      return pipeline_v;
+    }
+  }
+
   CUTLASS_DEVICE void operator()(Params const& params, unsigned char* smem_buf) const {
     using namespace cute;
     SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem_buf);
@@ -259,13 +269,7 @@ struct ForwardKernel {
       }
     }();
     // The ring the consumers read V^T from.
-    auto& pipeline_v_read = [&]() -> auto& {
-      if constexpr (Mainloop::kFp8) {
-        return vt_ring;
-      } else {
-        return pipeline_v;
-      }
-    }();
+    auto& pipeline_v_read = v_read_ring(vt_ring, pipeline_v);
     // Every barrier is initialised before any thread waits on or arrives at one.
     __syncthreads();
 
