@@ -87,7 +87,7 @@ CUTLASS_DEVICE constexpr auto accumulator_as_a_operand(Layout const& acc) {
 // memory (fp8_transpose.h), so that no value crosses threads.
 // ((2, 2, N/8), 1, 1) -> (((2, 2), 2, 2), 1, N/32), a view of the same values.
 template <class Layout>
-CUTLASS_DEVICE constexpr auto accumulator_as_fp8_a_operand(Layout const& acc) {
+CUTLASS_HOST_DEVICE constexpr auto accumulator_as_fp8_a_operand(Layout const& acc) {
   using namespace cute;
   // One wgmma of the tile's full N per thread: a compact ((2, 2, N/8), 1, 1) fragment.
   static_assert(decltype(size<1>(acc))::value == 1 && decltype(size<2>(acc))::value == 1);
