@@ -300,7 +300,7 @@ def _empty_quantize_outputs(x, scaling, groups):
     if groups is not None and scaling != "per_head":
         raise ValueError(f"flashhop: groups = {groups!r} with scaling = {scaling!r}: expected groups only with "
                          "'per_head'")
-    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int) or groups < 1):
+    if groups is not None and groups < 1:
         raise ValueError(f"flashhop: groups = {groups!r}: expected an int >= 1 that divides nheads")
     if x.dim() != 4:
         raise ValueError(f"flashhop: x.rank = {x.dim()}: expected 4 (batch, seqlen, nheads, head_dim)")

@@ -378,6 +378,9 @@ def quantize_fp8(x, scaling="per_head", groups=None, hadamard_signs=None):
     processing, FlashAttention-3 section 3.3); v is not rotated. The kernel takes the sign of each
     value, a value >= 0 as +1.
     """
+    # The operator's schema would turn a bool or a float into an int.
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)):
+        raise ValueError(f"flashhop: groups = {groups!r}: expected None or an int >= 1 that divides nheads")
     return torch.ops.flashhop.quantize_fp8(x, scaling, groups, hadamard_signs)
 
 
