@@ -12,6 +12,7 @@
 
 #include "flashhop/flashhop.h"
 #include "kernels/sm90/bwd_recipes.h"
+#include "kernels/sm90/fp8_quantize.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 
@@ -896,8 +897,6 @@ constexpr const char* kPerTensorDescaleDims[] = {"scale"};
 constexpr const char* kPerHeadDescaleDims[] = {"batch", "groups"};
 constexpr const char* kPerBlockDescaleDims[] = {"batch", "nheads", "num_blocks"};
 constexpr const char* kHadamardSignsDims[] = {"head_dim"};
-// The head dims of the quantization kernels (fp8_quantize.cu).
-constexpr std::int64_t kQuantizeHeadDims[] = {64, 96, 128, 192, 256};
 
 // descale's dimensions, and the words that follow its expected rank in a message, for `scaling`.
 struct DescaleLayout {
@@ -978,9 +977,11 @@ Status validate_quantize_fp8(const QuantizeFp8Args& args) {
   checks << check_nonnegative_dims(x) << check_nonnegative_dims(out) << check_nonnegative_dims(descale);
   if (signs) checks << check_nonnegative_dims(*signs);
   if (!checks.status().ok()) return checks.status();
-  if (std::find(std::begin(kQuantizeHeadDims), std::end(kQuantizeHeadDims), x.dim(3)) == std::end(kQuantizeHeadDims)) {
-    return fail(StatusCode::kNotSupported, dim_label(x, 3), " = ", x.dim(3),
-                ": supported head dims are 64, 96, 128, 192 and 256");
+  std::vector<std::string> head_dims;
+  for (int head_dim : sm90::kFp8QuantizeHeadDims) head_dims.push_back(std::to_string(head_dim));
+  if (std::find(head_dims.begin(), head_dims.end(), std::to_string(x.dim(3))) == head_dims.end()) {
+    return fail(StatusCode::kNotSupported, dim_label(x, 3), " = ", x.dim(3), ": supported head dims are ",
+                listed(head_dims));
   }
   for (int d = 0; d < 3; ++d) checks << check_dim_fits_int32(x, d);
   for (int d = 0; d < 4; ++d) checks << check_dim_matches(out, d, x, d);

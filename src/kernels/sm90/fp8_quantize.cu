@@ -143,13 +143,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kHeadDim>) quantize_
   __shared__ float warp_max[kWarps];
   __shared__ float group_descale;
 
-  // Heads vary fastest, so that neighbouring CTAs read neighbouring heads of the same rows.
-  int const blocks = (p.seqlen + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
+  // Heads vary fastest, so that neighbouring CTAs read neighbouring heads of the same rows. Rows in
+  // 64 bits: the last tile's reach past a seqlen close to 2^31.
+  auto const blocks = static_cast<unsigned>((std::int64_t{p.seqlen} + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows);
   int const head = static_cast<int>(blockIdx.x % p.nheads);
   int const block = static_cast<int>(blockIdx.x / p.nheads % blocks);
   int const batch = static_cast<int>(blockIdx.x / p.nheads / blocks);
   int const lane = static_cast<int>(threadIdx.x % kLanesPerRow);
-  int const row = block * kFp8ScaleBlockRows + static_cast<int>(threadIdx.x / kLanesPerRow);
+  std::int64_t const row = std::int64_t{block} * kFp8ScaleBlockRows + threadIdx.x / kLanesPerRow;
   bool const in_rows = row < p.seqlen;
   std::int64_t const descale_index = batch * p.descale_batch_stride + head / p.heads_per_group * p.descale_group_stride +
                                      block * p.descale_block_stride;
@@ -288,7 +289,8 @@ void launch_head_dim(Fp8QuantizeParams const& p, std::int64_t tiles, cudaStream_
 
 }  // namespace
 
-// The head dim and the rotation become template arguments here; the dtype in dispatch.cu.
+// The head dim (kFp8QuantizeHeadDims) and the rotation become template arguments here; the dtype in
+// dispatch.cu.
 template <class Element>
 Status launch_quantize_fp8(Fp8QuantizeParams const& p, cudaStream_t stream) {
   std::int64_t const blocks = (std::int64_t{p.seqlen} + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
@@ -310,8 +312,8 @@ Status launch_quantize_fp8(Fp8QuantizeParams const& p, cudaStream_t stream) {
       launch_head_dim<Element, 256>(p, tiles, stream);
       break;
     default:
-      return {StatusCode::kNotSupported, "x.shape[3] (head_dim) = " + std::to_string(p.head_dim) +
-                                             ": supported head dims are 64, 96, 128, 192 and 256"};
+      return {StatusCode::kNotSupported,
+              "x.shape[3] (head_dim) = " + std::to_string(p.head_dim) + ": no quantization kernel of this head dim"};
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
     return {StatusCode::kCudaError, std::string("quantize_fp8 kernel launch: ") + cudaGetErrorString(err)};

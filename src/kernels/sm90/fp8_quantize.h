@@ -10,6 +10,9 @@
 
 namespace flashhop::sm90 {
 
+// The head dims that the kernels are compiled for (each head dim is a template argument).
+inline constexpr int kFp8QuantizeHeadDims[] = {64, 96, 128, 192, 256};
+
 // Strides in elements; the last dimension of x and out is contiguous. The kernels work on tiles of
 // kFp8ScaleBlockRows rows of one head, and tile (b, h, block) takes its scale from
 //   descale[b * descale_batch_stride + (h / heads_per_group) * descale_group_stride + block * descale_block_stride]
