@@ -88,9 +88,11 @@ struct QuantizeCall {
   // Elements of out's and descale's buffers, padding included.
   std::int64_t out_head() const { return shape.head_dim + (strided ? kOutHeadPadding : 0); }
   std::int64_t out_bytes() const { return std::int64_t{shape.batch} * shape.seqlen * shape.nheads * out_head(); }
+  // A row of descale's buffer; an empty one counts as 1, so that every stride stays positive (as
+  // PyTorch's strides of empty tensors).
   std::int64_t descale_row() const {
     const std::vector<std::int64_t> s = descale_shape();
-    return s.back() + (strided && s.size() > 1 ? kDescalePadding : 0);
+    return std::max<std::int64_t>(s.back(), 1) + (strided && s.size() > 1 ? kDescalePadding : 0);
   }
   std::int64_t descale_elements() const {
     std::int64_t rows = 1;
@@ -111,6 +113,7 @@ struct QuantizeCall {
   // poisons out and descale and sets the arguments.
   void prepare(const std::vector<float>& x_values, const std::vector<float>* hadamard_signs) {
     const std::int64_t b = shape.batch, s = shape.seqlen, h = shape.nheads, d = shape.head_dim;
+    const std::int64_t rows = std::max<std::int64_t>(s, 1);  // in the batch strides
     const std::int64_t x_heads = h + (strided ? kExtraHeads : 0), x_head = d + (strided ? kXHeadPadding : 0);
     const std::size_t element = flashhop::dtype_size(dtype);
     std::vector<unsigned char> x_image(static_cast<std::size_t>(b * s * x_heads * x_head) * element);
@@ -127,9 +130,10 @@ struct QuantizeCall {
     descale->upload(poisoned_storage(DType::kFloat32, descale_elements()));
 
     args = QuantizeFp8Args{};
-    args.x = strided_view(dtype, {b, s, h, d}, {s * x_heads * x_head, x_heads * x_head, x_head, 1});
+    args.x = strided_view(dtype, {b, s, h, d}, {rows * x_heads * x_head, x_heads * x_head, x_head, 1});
     args.x.data = x->data();
-    args.out = strided_view(DType::kFloat8E4M3, {b, s, h, d}, {s * h * out_head(), h * out_head(), out_head(), 1});
+    args.out =
+        strided_view(DType::kFloat8E4M3, {b, s, h, d}, {rows * h * out_head(), h * out_head(), out_head(), 1});
     args.out.data = out->data();
     const std::vector<std::int64_t> ds = descale_shape();
     if (ds.size() == 1) {
