@@ -392,5 +392,59 @@ TEST(CApi, BackwardVarlenFieldsArePassedOn) {
   EXPECT_TRUE(mentions(last_error(), "max_seqlen_k = 0: expected >= 1 with cu_seqlens_k")) << last_error();
 }
 
+// A valid quantization: x (2, 300, 8, 128) bf16, out e4m3, descale (2, 4) per head, signs (128).
+struct CQuantizeArgs {
+  flashhop_quantize_fp8_args_t args{};
+  flashhop_tensor_t signs{};
+
+  CQuantizeArgs() {
+    const auto at = [](std::uintptr_t gib) {
+      return reinterpret_cast<void*>(std::uintptr_t{0x7f5000000000} + (gib << 32));
+    };
+    using flashhop::make_contiguous;
+    args.x = to_c(make_contiguous(at(0), DType::kBFloat16, {2, 300, 8, 128}));
+    args.out = to_c(make_contiguous(at(1), DType::kFloat8E4M3, {2, 300, 8, 128}));
+    args.descale = to_c(make_contiguous(at(2), DType::kFloat32, {2, 4}));
+    args.scaling = FLASHHOP_FP8_PER_HEAD;
+    signs = to_c(make_contiguous(at(3), DType::kFloat32, {128}));
+    args.hadamard_signs = &signs;
+  }
+  CQuantizeArgs(const CQuantizeArgs&) = delete;
+};
+
+// The quantization entry: null arguments, the scaling enum and the optional signs named; valid
+// arguments reach the device checks.
+TEST(CApi, QuantizeFp8Arguments) {
+  EXPECT_EQ(FLASHHOP_FP8_PER_TENSOR, static_cast<int>(flashhop::Fp8Scaling::kPerTensor));
+  EXPECT_EQ(FLASHHOP_FP8_PER_HEAD, static_cast<int>(flashhop::Fp8Scaling::kPerHead));
+  EXPECT_EQ(FLASHHOP_FP8_PER_BLOCK, static_cast<int>(flashhop::Fp8Scaling::kPerBlock));
+  EXPECT_EQ(flashhop_quantize_fp8(nullptr, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "args = null: expected quantize arguments");
+
+  CQuantizeArgs c;
+  c.args.scaling = static_cast<flashhop_fp8_scaling_t>(3);
+  EXPECT_EQ(flashhop_quantize_fp8(&c.args, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_EQ(last_error(), "scaling = 3: expected FLASHHOP_FP8_PER_TENSOR (0), _PER_HEAD (1) or _PER_BLOCK (2)");
+  c.args.scaling = FLASHHOP_FP8_PER_BLOCK;
+  EXPECT_EQ(flashhop_quantize_fp8(&c.args, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "descale.rank = 2: expected 3 (batch, nheads, num_blocks) with per-block scaling"))
+      << last_error();
+  c.args.scaling = FLASHHOP_FP8_PER_HEAD;
+
+  c.signs.shape[0] = 64;
+  EXPECT_EQ(flashhop_quantize_fp8(&c.args, nullptr), FLASHHOP_INVALID_ARGUMENT);
+  EXPECT_TRUE(mentions(last_error(), "hadamard_signs.shape[0] (head_dim) = 64")) << last_error();
+  c.args.hadamard_signs = nullptr;  // the wrong length is no longer read
+
+  const flashhop_status_t status = flashhop_quantize_fp8(&c.args, nullptr);
+  if (gpu_available()) {
+    EXPECT_EQ(status, FLASHHOP_INVALID_ARGUMENT);  // the made-up addresses are not device memory
+    EXPECT_TRUE(mentions(last_error(), "x.data")) << last_error();
+  } else {
+    EXPECT_EQ(status, FLASHHOP_CUDA_ERROR);
+    EXPECT_TRUE(mentions(last_error(), "cudaGetDevice")) << last_error();
+  }
+}
+
 }  // namespace
 }  // namespace flashhop_test

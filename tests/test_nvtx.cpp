@@ -79,6 +79,21 @@ TEST(RangeNameBackward, NamesThePlannedConfiguration) {
             "backward bf16 hdim128_local b2 sq300 sk500 h8/2 causal softcap5 deterministic");
 }
 
+// The quantization's name: its scaling, shape and rotation.
+TEST(RangeNameQuantize, NamesScalingShapeAndRotation) {
+  flashhop::sm90::Fp8QuantizeParams p;
+  p.batch = 2;
+  p.seqlen = 4096;
+  p.nheads = 32;
+  p.head_dim = 128;
+  p.scaling = flashhop::Fp8Scaling::kPerHead;
+  EXPECT_EQ(flashhop::detail::range_name("quantize_fp8", p), "quantize_fp8 per_head b2 s4096 h32 d128");
+  const float signs[1] = {};
+  p.hadamard_signs = signs;
+  p.scaling = flashhop::Fp8Scaling::kPerBlock;
+  EXPECT_EQ(flashhop::detail::range_name("quantize_fp8", p), "quantize_fp8 per_block b2 s4096 h32 d128 hadamard");
+}
+
 // Without a profiler (no NVTX injection library named in the environment) NVTX gives no domain, and
 // a range neither builds its name nor calls into NVTX.
 TEST(Nvtx, NoDomainWithoutAProfiler) {

@@ -1759,5 +1759,264 @@ TEST(BackwardPlan, VariableLengthWorkspaceGivesEachSequenceItsOwnRowBlocks) {
   EXPECT_EQ(plan.params.seqused_k, args.seqused_k->data);
 }
 
+// ---- quantize_fp8 ---------------------------------------------------------------------------
+
+using flashhop::Fp8Scaling;
+using flashhop::QuantizeFp8Args;
+
+// x (2, 300, 8, 128) bf16, out like x in e4m3, descale (2, 4) per head (2 heads a group),
+// hadamard_signs (128); each 4 GiB apart.
+QuantizeFp8Args valid_quantize_args() {
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f5000000000} + (gib << 32));
+  };
+  using flashhop::make_contiguous;
+  QuantizeFp8Args a;
+  a.x = make_contiguous(at(0), DType::kBFloat16, {2, 300, 8, 128});
+  a.out = make_contiguous(at(1), DType::kFloat8E4M3, {2, 300, 8, 128});
+  a.descale = make_contiguous(at(2), DType::kFloat32, {2, 4});
+  a.scaling = Fp8Scaling::kPerHead;
+  a.hadamard_signs = make_contiguous(at(3), DType::kFloat32, {128});
+  return a;
+}
+
+// Sets the head dim of x, out and hadamard_signs, contiguous.
+void set_quantize_head_dim(QuantizeFp8Args& a, std::int64_t head_dim) {
+  const std::int64_t* s = a.x.shape;
+  a.x = flashhop::make_contiguous(a.x.data, a.x.dtype, {s[0], s[1], s[2], head_dim});
+  a.out = flashhop::make_contiguous(a.out.data, a.out.dtype, {s[0], s[1], s[2], head_dim});
+  a.hadamard_signs = flashhop::make_contiguous(a.hadamard_signs->data, DType::kFloat32, {head_dim});
+}
+
+struct InvalidQuantizeCase {
+  const char* name;
+  std::function<void(QuantizeFp8Args&)> change;
+  StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+void PrintTo(const InvalidQuantizeCase& c, std::ostream* out) { *out << c.name; }
+
+class InvalidQuantizeArguments : public ::testing::TestWithParam<InvalidQuantizeCase> {};
+
+// Rejected by validation with the case's code and message, and by quantize_fp8 with the same
+// message before it touches the device.
+TEST_P(InvalidQuantizeArguments, RejectedWithCodeAndNamedArgument) {
+  const InvalidQuantizeCase& c = GetParam();
+  QuantizeFp8Args args = valid_quantize_args();
+  c.change(args);
+  const Status status = flashhop::validate_quantize_fp8(args);
+  EXPECT_EQ(status.code, c.code) << status.message;
+  for (const std::string& part : c.message_parts) {
+    EXPECT_NE(status.message.find(part), std::string::npos) << "message: " << status.message << "\nmissing: " << part;
+  }
+  const Status call = flashhop::quantize_fp8(args, nullptr);
+  EXPECT_EQ(call.code, status.code);
+  EXPECT_EQ(call.message, status.message);
+}
+
+const InvalidQuantizeCase kInvalidQuantizeCases[] = {
+    {"scaling_not_an_enum_value", [](QuantizeFp8Args& a) { a.scaling = static_cast<Fp8Scaling>(3); }, kInvalid,
+     {"scaling = 3: expected Fp8Scaling::kPerTensor, kPerHead or kPerBlock"}},
+    // ranks
+    {"x_rank_3", [](QuantizeFp8Args& a) { a.x.rank = 3; }, kInvalid,
+     {"x.rank = 3: expected 4 (batch, seqlen, nheads, head_dim)"}},
+    {"out_rank_5", [](QuantizeFp8Args& a) { a.out.rank = 5; }, kInvalid, {"out.rank = 5: expected 4"}},
+    {"descale_rank_per_head", [](QuantizeFp8Args& a) { a.descale.rank = 1; }, kInvalid,
+     {"descale.rank = 1: expected 2 (batch, groups) with per-head scaling"}},
+    {"descale_rank_per_tensor", [](QuantizeFp8Args& a) { a.scaling = Fp8Scaling::kPerTensor; }, kInvalid,
+     {"descale.rank = 2: expected 1 (scale) with per-tensor scaling"}},
+    {"descale_rank_per_block", [](QuantizeFp8Args& a) { a.scaling = Fp8Scaling::kPerBlock; }, kInvalid,
+     {"descale.rank = 2: expected 3 (batch, nheads, num_blocks) with per-block scaling"}},
+    {"signs_rank_2", [](QuantizeFp8Args& a) { a.hadamard_signs->rank = 2; }, kInvalid,
+     {"hadamard_signs.rank = 2: expected 1 (head_dim)"}},
+    // dtypes
+    {"x_float32", [](QuantizeFp8Args& a) { a.x.dtype = DType::kFloat32; }, kInvalid,
+     {"x.dtype = float32: expected float16 or bfloat16"}},
+    {"x_float8", [](QuantizeFp8Args& a) { a.x.dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"x.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
+    {"out_bfloat16", [](QuantizeFp8Args& a) { a.out.dtype = DType::kBFloat16; }, kInvalid,
+     {"out.dtype = bfloat16: expected float8_e4m3fn"}},
+    {"descale_bfloat16", [](QuantizeFp8Args& a) { a.descale.dtype = DType::kBFloat16; }, kInvalid,
+     {"descale.dtype = bfloat16: expected float32"}},
+    {"signs_int32", [](QuantizeFp8Args& a) { a.hadamard_signs->dtype = DType::kInt32; }, kInvalid,
+     {"hadamard_signs.dtype = int32: expected float32"}},
+    // shapes
+    {"head_dim_80", [](QuantizeFp8Args& a) { set_quantize_head_dim(a, 80); }, kNotSupported,
+     {"x.shape[3] (head_dim) = 80: supported head dims are 64, 96, 128, 192 and 256"}},
+    {"head_dim_512", [](QuantizeFp8Args& a) { set_quantize_head_dim(a, 512); }, kNotSupported,
+     {"x.shape[3] (head_dim) = 512"}},
+    {"seqlen_negative", [](QuantizeFp8Args& a) { a.x.shape[1] = -1; }, kInvalid,
+     {"x.shape[1] (seqlen) = -1: expected >= 0"}},
+    {"seqlen_beyond_int32", [](QuantizeFp8Args& a) { a.x.shape[1] = a.out.shape[1] = kBeyondInt32; }, kInvalid,
+     {"x.shape[1] (seqlen) = 2147483648: expected <= 2147483647"}},
+    {"out_seqlen_differs", [](QuantizeFp8Args& a) { a.out.shape[1] = 299; }, kInvalid,
+     {"out.shape[1] (seqlen) = 299: expected 300 (x.shape[1] (seqlen))"}},
+    {"descale_batch_differs", [](QuantizeFp8Args& a) { a.descale.shape[0] = 3; }, kInvalid,
+     {"descale.shape[0] (batch) = 3: expected 2 (x.shape[0] (batch))"}},
+    {"groups_do_not_divide_nheads", [](QuantizeFp8Args& a) { a.descale.shape[1] = 3; }, kInvalid,
+     {"descale.shape[1] (groups) = 3: nheads (8) must be a multiple of it"}},
+    {"groups_zero", [](QuantizeFp8Args& a) { a.descale.shape[1] = 0; }, kInvalid,
+     {"descale.shape[1] (groups) = 0: expected >= 1"}},
+    {"per_tensor_two_scales",
+     [](QuantizeFp8Args& a) {
+       a.scaling = Fp8Scaling::kPerTensor;
+       a.descale = flashhop::make_contiguous(a.descale.data, DType::kFloat32, {2});
+     },
+     kInvalid, {"descale.shape[0] (scale) = 2: expected 1 with per-tensor scaling"}},
+    {"per_block_blocks",
+     [](QuantizeFp8Args& a) {
+       a.scaling = Fp8Scaling::kPerBlock;
+       a.descale = flashhop::make_contiguous(a.descale.data, DType::kFloat32, {2, 8, 2});
+     },
+     kInvalid, {"descale.shape[2] (num_blocks) = 2: expected 3 (ceil(x.shape[1] (seqlen) / 128))"}},
+    {"per_block_heads",
+     [](QuantizeFp8Args& a) {
+       a.scaling = Fp8Scaling::kPerBlock;
+       a.descale = flashhop::make_contiguous(a.descale.data, DType::kFloat32, {2, 4, 3});
+     },
+     kInvalid, {"descale.shape[1] (nheads) = 4: expected 8 (x.shape[2] (nheads))"}},
+    {"signs_length", [](QuantizeFp8Args& a) { a.hadamard_signs->shape[0] = 64; }, kInvalid,
+     {"hadamard_signs.shape[0] (head_dim) = 64: expected 128 (x.shape[3] (head_dim))"}},
+    {"too_many_tiles",
+     [](QuantizeFp8Args& a) {
+       for (TensorDesc* t : {&a.x, &a.out}) {
+         *t = flashhop::make_contiguous(t->data, t->dtype, {1 << 16, 1 << 20, 8, 128});
+       }
+       a.descale.shape[0] = 1 << 16;
+     },
+     kInvalid, {"x.shape (batch 65536, seqlen 1048576, nheads 8): batch * ceil(seqlen / 128) * nheads tiles",
+                "expected <= 2147483647"}},
+    // memory
+    {"x_last_dim_strided", [](QuantizeFp8Args& a) { a.x.stride[3] = 2; }, kInvalid,
+     {"x.stride[3] = 2: expected 1 (the last dimension must be contiguous)"}},
+    {"x_unaligned_rows", [](QuantizeFp8Args& a) { a.x.stride[2] = 132; }, kInvalid,
+     {"x.stride[2] = 132: expected a positive multiple of 8 elements (16-byte aligned bfloat16 rows)"}},
+    {"out_unaligned_rows", [](QuantizeFp8Args& a) { a.out.stride[2] = 136; }, kInvalid,
+     {"out.stride[2] = 136: expected a positive multiple of 16 elements (16-byte aligned float8_e4m3fn rows)"}},
+    {"x_unaligned_data", [](QuantizeFp8Args& a) { a.x.data = shifted(a.x.data, 8); }, kInvalid,
+     {"x.data = 0x", ": expected a 16-byte aligned address"}},
+    {"out_null", [](QuantizeFp8Args& a) { a.out.data = nullptr; }, kInvalid,
+     {"out.data = null: expected a device pointer"}},
+    {"descale_strided", [](QuantizeFp8Args& a) { a.descale.stride[1] = 2; }, kInvalid,
+     {"descale.stride[1] = 2: expected 1"}},
+    {"descale_unaligned", [](QuantizeFp8Args& a) { a.descale.data = shifted(a.descale.data, 2); }, kInvalid,
+     {"descale.data = 0x", "expected a 4-byte aligned address"}},
+    {"signs_strided", [](QuantizeFp8Args& a) { a.hadamard_signs->stride[0] = 2; }, kInvalid,
+     {"hadamard_signs.stride[0] = 2: expected 1"}},
+    {"out_is_x", [](QuantizeFp8Args& a) { a.out.data = a.x.data; }, kInvalid, {"out.data", "overlaps x's"}},
+    {"out_over_signs", [](QuantizeFp8Args& a) { a.out.data = shifted(a.hadamard_signs->data, -64); }, kInvalid,
+     {"out.data", "overlaps hadamard_signs's"}},
+    {"descale_inside_x", [](QuantizeFp8Args& a) { a.descale.data = shifted(a.x.data, 4096); }, kInvalid,
+     {"descale.data", "overlaps x's"}},
+    {"descale_inside_out", [](QuantizeFp8Args& a) { a.descale.data = shifted(a.out.data, 64); }, kInvalid,
+     {"descale.data", "overlaps out's"}},
+    {"descale_is_signs", [](QuantizeFp8Args& a) { a.descale.data = a.hadamard_signs->data; }, kInvalid,
+     {"descale.data", "overlaps hadamard_signs's"}},
+    {"x_device_negative", [](QuantizeFp8Args& a) { a.x.device = a.out.device = a.descale.device = a.hadamard_signs->device = -1; },
+     kInvalid, {"x.device = -1: expected a CUDA device ordinal >= 0"}},
+    {"out_on_other_device", [](QuantizeFp8Args& a) { a.out.device = 1; }, kInvalid,
+     {"out.device = 1: expected 0 (x.device)"}},
+    {"signs_on_other_device", [](QuantizeFp8Args& a) { a.hadamard_signs->device = 1; }, kInvalid,
+     {"hadamard_signs.device = 1: expected 0 (x.device)"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Quantize, InvalidQuantizeArguments, ::testing::ValuesIn(kInvalidQuantizeCases),
+                         [](const ::testing::TestParamInfo<InvalidQuantizeCase>& info) { return info.param.name; });
+
+TEST(QuantizeValidation, AcceptsEveryScalingHeadDimAndLayout) {
+  using flashhop::make_contiguous;
+  EXPECT_TRUE(flashhop::validate_quantize_fp8(valid_quantize_args()).ok())
+      << flashhop::validate_quantize_fp8(valid_quantize_args()).message;
+  for (std::int64_t head_dim : {64, 96, 128, 192, 256}) {
+    QuantizeFp8Args a = valid_quantize_args();
+    set_quantize_head_dim(a, head_dim);
+    a.x.dtype = DType::kFloat16;
+    EXPECT_TRUE(flashhop::validate_quantize_fp8(a).ok()) << head_dim << ": " << flashhop::validate_quantize_fp8(a).message;
+  }
+  void* const descale = valid_quantize_args().descale.data;
+  const std::pair<Fp8Scaling, TensorDesc> scalings[] = {
+      {Fp8Scaling::kPerTensor, make_contiguous(descale, DType::kFloat32, {1})},
+      {Fp8Scaling::kPerHead, make_contiguous(descale, DType::kFloat32, {2, 1})},
+      {Fp8Scaling::kPerHead, make_contiguous(descale, DType::kFloat32, {2, 8})},
+      {Fp8Scaling::kPerBlock, make_contiguous(descale, DType::kFloat32, {2, 8, 3})}};
+  for (const auto& [scaling, shape] : scalings) {
+    QuantizeFp8Args a = valid_quantize_args();
+    a.scaling = scaling;
+    a.descale = shape;
+    a.hadamard_signs.reset();
+    EXPECT_TRUE(flashhop::validate_quantize_fp8(a).ok()) << flashhop::validate_quantize_fp8(a).message;
+  }
+  // x: the query heads of a packed (batch, seqlen, 8 + 2 + 2 heads, 128) projection; out with 16
+  // bytes of padding after each head.
+  QuantizeFp8Args strided = valid_quantize_args();
+  strided.x.stride[1] = 12 * 128;
+  strided.x.stride[0] = 300 * 12 * 128;
+  strided.out.stride[2] = 144;
+  strided.out.stride[1] = 8 * 144;
+  strided.out.stride[0] = 300 * 8 * 144;
+  EXPECT_TRUE(flashhop::validate_quantize_fp8(strided).ok()) << flashhop::validate_quantize_fp8(strided).message;
+  // Empty: no rows (every per-head scale is then 1), no batch.
+  QuantizeFp8Args no_rows = valid_quantize_args();
+  no_rows.x.shape[1] = no_rows.out.shape[1] = 0;
+  EXPECT_TRUE(flashhop::validate_quantize_fp8(no_rows).ok()) << flashhop::validate_quantize_fp8(no_rows).message;
+  QuantizeFp8Args no_batch = valid_quantize_args();
+  no_batch.x.shape[0] = no_batch.out.shape[0] = no_batch.descale.shape[0] = 0;
+  no_batch.x.data = no_batch.out.data = no_batch.descale.data = nullptr;
+  EXPECT_TRUE(flashhop::validate_quantize_fp8(no_batch).ok()) << flashhop::validate_quantize_fp8(no_batch).message;
+}
+
+// The kernels' arguments: strides (those of size-1 dimensions 0), and descale's addressing, which
+// covers the three scalings with one formula (fp8_quantize.h).
+TEST(QuantizePlan, StridesAndDescaleAddressing) {
+  QuantizeFp8Args a = valid_quantize_args();
+  a.x.stride[1] = 12 * 128;
+  a.x.stride[0] = 300 * 12 * 128;
+  flashhop::sm90::Fp8QuantizeParams p = flashhop::detail::plan_quantize_fp8(a);
+  EXPECT_EQ(p.x, a.x.data);
+  EXPECT_EQ(p.x_batch_stride, 300 * 12 * 128);
+  EXPECT_EQ(p.x_row_stride, 12 * 128);
+  EXPECT_EQ(p.x_head_stride, 128);
+  EXPECT_EQ(p.out_row_stride, 8 * 128);
+  EXPECT_EQ(p.hadamard_signs, a.hadamard_signs->data);
+  EXPECT_EQ((std::vector<int>{p.batch, p.seqlen, p.nheads, p.head_dim}), (std::vector<int>{2, 300, 8, 128}));
+  EXPECT_EQ(p.descale_batch_stride, 4);
+  EXPECT_EQ(p.descale_group_stride, 1);
+  EXPECT_EQ(p.descale_block_stride, 0);
+  EXPECT_EQ(p.heads_per_group, 2);
+  EXPECT_EQ(p.scale_batches, 2);
+  EXPECT_EQ(p.scale_groups, 4);
+
+  a.scaling = Fp8Scaling::kPerTensor;
+  a.descale = flashhop::make_contiguous(a.descale.data, DType::kFloat32, {1});
+  a.hadamard_signs.reset();
+  p = flashhop::detail::plan_quantize_fp8(a);
+  EXPECT_EQ(p.hadamard_signs, nullptr);
+  EXPECT_EQ(p.descale_batch_stride, 0);
+  EXPECT_EQ(p.descale_group_stride, 0);
+  EXPECT_EQ(p.descale_block_stride, 0);
+  EXPECT_EQ(p.scale_batches, 1);
+  EXPECT_EQ(p.scale_groups, 1);
+
+  a.scaling = Fp8Scaling::kPerBlock;
+  a.descale = flashhop::make_contiguous(a.descale.data, DType::kFloat32, {2, 8, 3});
+  p = flashhop::detail::plan_quantize_fp8(a);
+  EXPECT_EQ(p.descale_batch_stride, 24);
+  EXPECT_EQ(p.descale_group_stride, 3);
+  EXPECT_EQ(p.descale_block_stride, 1);
+  EXPECT_EQ(p.heads_per_group, 1);
+
+  // One batch entry and one row: their strides are never followed.
+  a.x = flashhop::make_contiguous(a.x.data, DType::kBFloat16, {1, 1, 8, 128});
+  a.x.stride[0] = -5;
+  a.out = flashhop::make_contiguous(a.out.data, DType::kFloat8E4M3, {1, 1, 8, 128});
+  a.descale = flashhop::make_contiguous(a.descale.data, DType::kFloat32, {1, 8, 1});
+  ASSERT_TRUE(flashhop::validate_quantize_fp8(a).ok()) << flashhop::validate_quantize_fp8(a).message;
+  p = flashhop::detail::plan_quantize_fp8(a);
+  EXPECT_EQ(p.x_batch_stride, 0);
+  EXPECT_EQ(p.x_row_stride, 0);
+  EXPECT_EQ(p.descale_batch_stride, 0);
+}
+
 }  // namespace
 }  // namespace flashhop_test

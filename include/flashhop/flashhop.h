@@ -267,4 +267,43 @@ Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace
 // Checks the arguments without touching the device.
 Status validate_backward(const BackwardArgs& args);
 
+// FP8 (e4m3) quantization of attention inputs, for FP8 attention with FlashAttention-3's descale
+// tensors: out = e4m3(y / descale), so that y ~= out * descale, where y is x, or with hadamard_signs
+// each row of x rotated: y = H (s * x). H is the Walsh-Hadamard transform on blocks of b elements, b
+// the largest power of two dividing head_dim (64, 32, 128, 64, 256 for head dims 64, 96, 128, 192,
+// 256), block-diagonal and scaled by 1 / sqrt(b); s is +1 where hadamard_signs >= 0 and -1
+// elsewhere (the library cannot read the values while it validates, so any value is taken). H is
+// orthogonal: the same signs on Q and K leave Q K^T unchanged in exact arithmetic, and spread a
+// row's outliers over its block (FlashAttention-3's incoherent processing). descale = amax / 448
+// (448: the largest e4m3 value), amax the largest |y| of the scaling group; a group whose amax is 0
+// gets descale 1 (and out 0). The conversion rounds to nearest even and saturates at +-448; a
+// non-finite value of x leaves its group's results undefined.
+inline constexpr float kFp8E4m3Max = 448.f;
+// The rows of one kPerBlock scale.
+inline constexpr int kFp8ScaleBlockRows = 128;
+
+// The scaling groups of quantize_fp8, and the shape of descale (float32, its last dimension contiguous):
+//   kPerTensor: (1), one scale for x.
+//   kPerHead:   (batch, groups), groups dividing nheads; head h is in group h / (nheads / groups), so
+//               that groups = nheads_kv gives Q FlashAttention-3's (batch, nheads_kv) descale shape
+//               (K and V take groups = their nheads).
+//   kPerBlock:  (batch, nheads, ceil(seqlen / kFp8ScaleBlockRows)): block i of a head is its rows
+//               128 i .. 128 i + 127.
+enum class Fp8Scaling { kPerTensor = 0, kPerHead = 1, kPerBlock = 2 };
+
+struct QuantizeFp8Args {
+  TensorDesc x;        // (batch, seqlen, nheads, head_dim): bfloat16 or float16
+  TensorDesc out;      // x's shape, float8_e4m3fn: written
+  TensorDesc descale;  // float32, the shape of `scaling`: written
+  Fp8Scaling scaling = Fp8Scaling::kPerTensor;
+  std::optional<TensorDesc> hadamard_signs;  // float32 (head_dim): rotate the rows
+};
+// head_dim 64, 96, 128, 192 or 256; x and out any strides with the last dimension contiguous and
+// 16-byte aligned rows; hadamard_signs contiguous; out and descale share no memory with any other
+// tensor. The per-tensor and per-head scales read x twice (an amax pass, then the quantization), the
+// per-block ones once. On any error nothing is launched.
+Status quantize_fp8(const QuantizeFp8Args& args, cudaStream_t stream);
+// Checks the arguments without touching the device.
+Status validate_quantize_fp8(const QuantizeFp8Args& args);
+
 }  // namespace flashhop

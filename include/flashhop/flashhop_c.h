@@ -135,6 +135,24 @@ typedef struct {
 
 flashhop_status_t flashhop_combine(const flashhop_combine_args_t* args, cudaStream_t stream);
 
+/* flashhop::Fp8Scaling */
+typedef enum {
+  FLASHHOP_FP8_PER_TENSOR = 0,
+  FLASHHOP_FP8_PER_HEAD = 1,
+  FLASHHOP_FP8_PER_BLOCK = 2
+} flashhop_fp8_scaling_t;
+
+/* flashhop::quantize_fp8 (flashhop.h): x to e4m3 with its descale, optionally rotated. */
+typedef struct {
+  flashhop_tensor_t x;                      /* (batch, seqlen, nheads, head_dim): bfloat16 or float16 */
+  flashhop_tensor_t out;                    /* x's shape, FLASHHOP_FLOAT8_E4M3: written */
+  flashhop_tensor_t descale;                /* float32: (1), (batch, groups) or (batch, nheads, num_blocks) */
+  flashhop_fp8_scaling_t scaling;           /* 0 (FLASHHOP_FP8_PER_TENSOR): one scale */
+  const flashhop_tensor_t* hadamard_signs;  /* NULL, or float32 (head_dim): rotate the rows */
+} flashhop_quantize_fp8_args_t;
+
+flashhop_status_t flashhop_quantize_fp8(const flashhop_quantize_fp8_args_t* args, cudaStream_t stream);
+
 /* Message of the last failed call on this thread; "" when the last call succeeded. */
 const char* flashhop_last_error(void);
 

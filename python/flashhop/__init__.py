@@ -11,8 +11,9 @@ The Hugging Face transformers integration is flashhop.integrations.transformers 
 The operators are torch.ops.flashhop.fwd and torch.ops.flashhop.bwd (its gradients),
 torch.ops.flashhop.varlen_fwd and varlen_bwd behind flash_attn_varlen_func (packed batches of
 sequences of different lengths), torch.ops.flashhop.paged_fwd behind flash_attn_with_kvcache (queries
-over a contiguous or paged KV cache) and torch.ops.flashhop.combine behind flash_attn_combine (the
-merge of results over splits of the keys).
+over a contiguous or paged KV cache), torch.ops.flashhop.combine behind flash_attn_combine (the
+merge of results over splits of the keys) and torch.ops.flashhop.quantize_fp8 behind quantize_fp8 (FP8
+inputs and their descale tensors for FP8 attention).
 """
 try:
     import torch  # noqa: F401
@@ -20,7 +21,7 @@ except ImportError as error:
     raise ImportError("flashhop needs PyTorch: install torch (a CUDA build) first") from error
 
 from .interface import (flash_attn_combine, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
-                        scaled_dot_product_attention, sdpa_override)
+                        hadamard_signs, quantize_fp8, scaled_dot_product_attention, sdpa_override)
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-           "scaled_dot_product_attention", "sdpa_override"]
+           "hadamard_signs", "quantize_fp8", "scaled_dot_product_attention", "sdpa_override"]

@@ -25,6 +25,9 @@ _NOT_SUPPORTED = 2
 # flashhop_pack_gqa_t for pack_gqa None (auto), False (off) and True (on)
 _PACK_GQA = {None: 0, False: 1, True: 2}
 
+# flashhop_fp8_scaling_t
+FP8_SCALINGS = {"per_tensor": 0, "per_head": 1, "per_block": 2}
+
 
 class _Tensor(ctypes.Structure):
     """flashhop_tensor_t."""
@@ -104,6 +107,18 @@ class _CombineArgs(ctypes.Structure):
     ]
 
 
+class _QuantizeFp8Args(ctypes.Structure):
+    """flashhop_quantize_fp8_args_t."""
+
+    _fields_ = [
+        ("x", _Tensor),
+        ("out", _Tensor),
+        ("descale", _Tensor),
+        ("scaling", ctypes.c_int),  # flashhop_fp8_scaling_t
+        ("hadamard_signs", ctypes.POINTER(_Tensor)),
+    ]
+
+
 class _BackwardArgs(ctypes.Structure):
     """flashhop_backward_args_t."""
 
@@ -155,6 +170,8 @@ def _load_library():
     library.flashhop_append_kv.restype = ctypes.c_int
     library.flashhop_combine.argtypes = [ctypes.POINTER(_CombineArgs), ctypes.c_void_p]
     library.flashhop_combine.restype = ctypes.c_int
+    library.flashhop_quantize_fp8.argtypes = [ctypes.POINTER(_QuantizeFp8Args), ctypes.c_void_p]
+    library.flashhop_quantize_fp8.restype = ctypes.c_int
     library.flashhop_last_error.argtypes = []
     library.flashhop_last_error.restype = ctypes.c_char_p
     return library
@@ -288,6 +305,17 @@ def combine(out_partial, lse_partial, out, lse):
                         lse=ctypes.pointer(lse_desc))
     stream = torch.cuda.current_stream(out.device).cuda_stream
     _check(_library.flashhop_combine(ctypes.byref(args), stream))
+
+
+def quantize_fp8(x, out, descale, scaling, hadamard_signs):
+    """Quantizes x (batch, seqlen, nheads, head_dim) into `out` (float8_e4m3fn) and `descale`
+    (float32, the shape of `scaling`, a key of FP8_SCALINGS), rotated by hadamard_signs where given,
+    on the current stream of x's device, which must be the current device."""
+    signs = ctypes.pointer(_describe("hadamard_signs", hadamard_signs)) if hadamard_signs is not None else None
+    args = _QuantizeFp8Args(x=_describe("x", x), out=_describe("out", out), descale=_describe("descale", descale),
+                            scaling=FP8_SCALINGS[scaling], hadamard_signs=signs)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    _check(_library.flashhop_quantize_fp8(ctypes.byref(args), stream))
 
 
 def backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, softmax_scale, causal, window_left, window_right,

@@ -1,6 +1,6 @@
 """The PyTorch operators flashhop::fwd, flashhop::bwd, flashhop::varlen_fwd, flashhop::varlen_bwd,
-flashhop::paged_fwd, flashhop::append_kv (which writes into its KV cache arguments) and flashhop::combine, registered with
-torch.library.
+flashhop::paged_fwd, flashhop::append_kv (which writes into its KV cache arguments), flashhop::combine and
+flashhop::quantize_fp8, registered with torch.library.
 
 Their fake implementations give torch.compile the output shapes without running anything, so a
 compiled model traces through them with no graph break. The CUDA implementation allocates through
@@ -300,3 +300,51 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor,
 @combine.register_fake
 def _combine_fake(out_partial, lse_partial, out_dtype):
     return _empty_combine_outputs(out_partial, out_dtype)
+
+
+# The rows of one per-block scale (flashhop.h's kFp8ScaleBlockRows).
+FP8_SCALE_BLOCK_ROWS = 128
+
+
+def _empty_quantize_outputs(x, scaling, groups):
+    """out (x's shape, float8_e4m3fn) and descale (float32) of `scaling`: (1,) per tensor, (batch,
+    groups) per head (groups None: one per head), (batch, nheads, ceil(seqlen / 128)) per block. As
+    _empty_outputs, only what these shapes are read from is checked here; the library checks the rest."""
+    if scaling not in _c_api.FP8_SCALINGS:
+        raise ValueError(f"flashhop: scaling = {scaling!r}: expected 'per_tensor', 'per_head' or 'per_block'")
+    if groups is not None and scaling != "per_head":
+        raise ValueError(f"flashhop: groups = {groups!r} with scaling = {scaling!r}: expected groups only with "
+                         "'per_head'")
+    if groups is not None and groups < 1:
+        raise ValueError(f"flashhop: groups = {groups!r}: expected an int >= 1 that divides nheads")
+    if x.dim() != 4:
+        raise ValueError(f"flashhop: x.rank = {x.dim()}: expected 4 (batch, seqlen, nheads, head_dim)")
+    batch, seqlen, nheads, _ = x.shape
+    shapes = {"per_tensor": (1,), "per_head": (batch, nheads if groups is None else groups),
+              "per_block": (batch, nheads, -(-seqlen // FP8_SCALE_BLOCK_ROWS))}
+    out = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
+    descale = x.new_empty(shapes[scaling], dtype=torch.float32)
+    return out, descale
+
+
+@torch.library.custom_op("flashhop::quantize_fp8", mutates_args=())
+def quantize_fp8(x: torch.Tensor, scaling: str, groups: Optional[int],
+                 hadamard_signs: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """x (batch, seqlen, nheads, head_dim), float16 or bfloat16, as e4m3 values out (float8_e4m3fn)
+    and float32 scales descale, x ~= out * descale (flashhop.h's quantize_fp8), each row first
+    rotated by the Walsh-Hadamard transform of hadamard_signs * x where those are given. scaling:
+    'per_tensor' (descale (1,)), 'per_head' (descale (batch, groups), head h in group
+    h // (nheads // groups), groups None: nheads) or 'per_block' (descale (batch, nheads,
+    ceil(seqlen / 128)))."""
+    for name, tensor in (("x", x), ("hadamard_signs", hadamard_signs)):
+        if tensor is not None and tensor.device.type != "cuda":
+            raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
+    out, descale = _empty_quantize_outputs(x, scaling, groups)
+    with torch.cuda.device(x.device):
+        _c_api.quantize_fp8(x, out, descale, scaling, hadamard_signs)
+    return out, descale
+
+
+@quantize_fp8.register_fake
+def _quantize_fp8_fake(x, scaling, groups, hadamard_signs):
+    return _empty_quantize_outputs(x, scaling, groups)

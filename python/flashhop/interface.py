@@ -1,7 +1,8 @@
 """The public functions: FlashAttention-3's `flash_attn_func`, `flash_attn_varlen_func` and
-`flash_attn_with_kvcache`, a drop-in for torch.nn.functional.scaled_dot_product_attention, and
-`sdpa_override`, which routes torch's own function to it. Arguments that the kernels do not
-support yet raise NotImplementedError, never get ignored."""
+`flash_attn_with_kvcache`, a drop-in for torch.nn.functional.scaled_dot_product_attention,
+`sdpa_override`, which routes torch's own function to it, and `quantize_fp8` / `hadamard_signs`, the
+FP8 inputs of FP8 attention. Arguments that the kernels do not support yet raise
+NotImplementedError, never get ignored."""
 import contextlib
 
 import torch
@@ -361,3 +362,38 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
         out.copy_(merged)
         merged = out
     return merged, lse
+
+
+def quantize_fp8(x, scaling="per_head", groups=None, hadamard_signs=None):
+    """x as FP8 (e4m3) values and their scales, the inputs of FP8 attention with FlashAttention-3's
+    descale tensors: returns (x_fp8, descale) with x ~= x_fp8 * descale (per group of values, as
+    broadcast below), descale = amax / 448 of the group (1 where the group is all zeros), x_fp8
+    rounded to nearest even and saturated at +-448.
+
+    x: (batch, seqlen, nheads, head_dim), a float16 or bfloat16 CUDA tensor, any strides with the
+    last dimension contiguous; head_dim 64, 96, 128, 192 or 256.
+    scaling: 'per_head' (descale (batch, groups): head h belongs to group h // (nheads // groups);
+    groups defaults to nheads, and groups = nheads_kv gives queries FlashAttention-3's
+    (batch, nheads_kv) q_descale), 'per_tensor' (descale (1,)) or 'per_block' (descale
+    (batch, nheads, ceil(seqlen / 128)), one scale per 128 rows of a head).
+    hadamard_signs: None, or a float32 (head_dim,) CUDA tensor of +-1 (hadamard_signs()): each row
+    is first rotated, x -> H (signs * x), H the Walsh-Hadamard transform on blocks of the largest
+    power of two dividing head_dim, scaled to be orthogonal. Rotating q and k with the same signs
+    leaves q k^T unchanged and spreads outliers, so that e4m3 keeps more of each row (incoherent
+    processing, FlashAttention-3 section 3.3); v is not rotated. The kernel takes the sign of each
+    value, a value >= 0 as +1.
+    """
+    # The operator's schema would turn a bool or a float into an int.
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)):
+        raise ValueError(f"flashhop: groups = {groups!r}: expected None or an int >= 1 that divides nheads")
+    return torch.ops.flashhop.quantize_fp8(x, scaling, groups, hadamard_signs)
+
+
+def hadamard_signs(head_dim, seed=0, device="cuda"):
+    """A random vector of head_dim values +1.0 / -1.0 (float32) for quantize_fp8's rotation, the same
+    for the same seed on every device and every run (drawn on the CPU)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"flashhop: head_dim = {head_dim!r}: expected an int >= 1")
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    bits = torch.randint(0, 2, (head_dim,), generator=generator)
+    return (2.0 * bits - 1.0).to(dtype=torch.float32, device=device)

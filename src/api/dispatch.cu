@@ -109,6 +109,12 @@ Status launch_append_kv(const sm90::AppendKvParams& params, DType dtype, cudaStr
                                             ": expected float16 or bfloat16"};
 }
 
+Status launch_quantize_fp8(const sm90::Fp8QuantizeParams& params, DType dtype, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16) return sm90::launch_quantize_fp8<cutlass::bfloat16_t>(params, stream);
+  if (dtype == DType::kFloat16) return sm90::launch_quantize_fp8<cutlass::half_t>(params, stream);
+  return {StatusCode::kInvalidArgument, std::string("x.dtype = ") + dtype_name(dtype) + ": expected float16 or bfloat16"};
+}
+
 Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream_t stream) {
   switch (dtype) {
     case DType::kBFloat16:

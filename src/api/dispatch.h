@@ -5,6 +5,7 @@
 
 #include "api/plan.h"
 #include "kernels/sm90/append_kv.h"
+#include "kernels/sm90/fp8_quantize.h"
 #include "flashhop/flashhop.h"
 
 namespace flashhop::detail {
@@ -30,6 +31,9 @@ Status launch_backward(const BackwardPlan& plan, cudaStream_t stream);
 
 // The append kernel (flashhop::append_kv) for a cache of `dtype`.
 Status launch_append_kv(const sm90::AppendKvParams& params, DType dtype, cudaStream_t stream);
+
+// The quantization kernels (flashhop::quantize_fp8) for x of `dtype`.
+Status launch_quantize_fp8(const sm90::Fp8QuantizeParams& params, DType dtype, cudaStream_t stream);
 
 // The combine kernel (flashhop::combine) with O of `dtype`.
 Status launch_combine(const sm90::CombineParams& params, DType dtype, cudaStream_t stream);

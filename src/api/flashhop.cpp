@@ -423,4 +423,26 @@ Status append_kv(const AppendKvArgs& args, cudaStream_t stream) {
   return detail::launch_append_kv(p, args.k_cache.dtype, stream);
 }
 
+Status quantize_fp8(const QuantizeFp8Args& args, cudaStream_t stream) {
+  if (Status status = validate_quantize_fp8(args); !status.ok()) return status;
+  const int device = args.x.device;
+  if (Status status = check_current_device(device); !status.ok()) return status;
+  const sm90::Fp8QuantizeParams p = detail::plan_quantize_fp8(args);
+  const bool elements = std::int64_t{p.batch} * p.seqlen * p.nheads > 0;
+  std::int64_t scales = 1;
+  for (int d = 0; d < args.descale.rank; ++d) scales *= args.descale.shape[d];
+  if (Status status = check_device_memory(device, {{"x.data", p.x, elements},
+                                                   {"out.data", p.out, elements},
+                                                   {"descale.data", p.descale, scales > 0},
+                                                   {"hadamard_signs.data", p.hadamard_signs,
+                                                    p.hadamard_signs != nullptr}});
+      !status.ok()) {
+    return status;
+  }
+  if (scales == 0) return Status::success();
+  if (Status status = check_compute_capability(device); !status.ok()) return status;
+  const detail::ScopedRange range("quantize_fp8", p);
+  return detail::launch_quantize_fp8(p, args.x.dtype, stream);
+}
+
 }  // namespace flashhop

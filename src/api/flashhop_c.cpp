@@ -223,6 +223,27 @@ flashhop_status_t flashhop_combine(const flashhop_combine_args_t* args, cudaStre
   });
 }
 
+flashhop_status_t flashhop_quantize_fp8(const flashhop_quantize_fp8_args_t* args, cudaStream_t stream) {
+  return guarded([&] {
+    if (args == nullptr) {
+      return flashhop::Status{flashhop::StatusCode::kInvalidArgument, "args = null: expected quantize arguments"};
+    }
+    if (args->scaling != FLASHHOP_FP8_PER_TENSOR && args->scaling != FLASHHOP_FP8_PER_HEAD &&
+        args->scaling != FLASHHOP_FP8_PER_BLOCK) {
+      return flashhop::Status{flashhop::StatusCode::kInvalidArgument,
+                              "scaling = " + std::to_string(static_cast<int>(args->scaling)) +
+                                  ": expected FLASHHOP_FP8_PER_TENSOR (0), _PER_HEAD (1) or _PER_BLOCK (2)"};
+    }
+    flashhop::QuantizeFp8Args cpp_args;
+    cpp_args.x = to_cpp(args->x);
+    cpp_args.out = to_cpp(args->out);
+    cpp_args.descale = to_cpp(args->descale);
+    cpp_args.scaling = static_cast<flashhop::Fp8Scaling>(args->scaling);
+    if (args->hadamard_signs != nullptr) cpp_args.hadamard_signs = to_cpp(*args->hadamard_signs);
+    return flashhop::quantize_fp8(cpp_args, stream);
+  });
+}
+
 const char* flashhop_last_error(void) { return last_error.c_str(); }
 
 }  // extern "C"

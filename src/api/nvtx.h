@@ -2,7 +2,7 @@
 // range per call of forward, backward and their workspace queries (the C API calls them), in the domain
 // "flashhop", named by the planned configuration, e.g.
 //   forward bf16 hdim128_local_wide b2 sq4096 sk4096 h32/8 causal
-// (and one per call of append_kv and combine, named by their shapes)
+// (and one per call of append_kv, combine and quantize_fp8, named by their shapes)
 // NVTX3 is header-only: a profiler sets NVTX_INJECTION64_PATH, and the first NVTX call of the
 // process loads that library. Without one, creating the domain answers null and a range costs a
 // branch: its name is built only where a tool is attached.
@@ -15,6 +15,7 @@
 
 #include "api/plan.h"
 #include "kernels/sm90/append_kv.h"
+#include "kernels/sm90/fp8_quantize.h"
 #include "flashhop/flashhop.h"
 
 namespace flashhop::detail {
@@ -59,6 +60,15 @@ inline std::string range_name(const char* entry, const sm90::AppendKvParams& p) 
   return std::string(entry) + " rows" + std::to_string(p.total_new) + " h" + std::to_string(p.nheads_kv) + " d" +
          std::to_string(p.head_dim) + (p.rotary_cos ? " rotary" + std::to_string(p.rotary_dim) : "") +
          (p.q ? " queries" + std::to_string(p.total_q) : "");
+}
+
+// "quantize_fp8 per_head b2 s4096 h32 d128 hadamard"
+inline std::string range_name(const char* entry, const sm90::Fp8QuantizeParams& p) {
+  const char* scaling = p.scaling == Fp8Scaling::kPerTensor ? "per_tensor"
+                        : p.scaling == Fp8Scaling::kPerHead ? "per_head"
+                                                            : "per_block";
+  return std::string(entry) + " " + scaling + " b" + std::to_string(p.batch) + " s" + std::to_string(p.seqlen) +
+         " h" + std::to_string(p.nheads) + " d" + std::to_string(p.head_dim) + (p.hadamard_signs ? " hadamard" : "");
 }
 
 // "combine splits4 rows8 h32 dv128"

@@ -421,6 +421,46 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
   return plan;
 }
 
+sm90::Fp8QuantizeParams plan_quantize_fp8(const QuantizeFp8Args& args) {
+  // The stride of a dimension of size 1 is never followed.
+  const auto stride = [](const TensorDesc& t, int d) { return t.shape[d] > 1 ? t.stride[d] : 0; };
+  sm90::Fp8QuantizeParams p;
+  p.x = args.x.data;
+  p.x_batch_stride = stride(args.x, 0);
+  p.x_row_stride = stride(args.x, 1);
+  p.x_head_stride = stride(args.x, 2);
+  p.out = args.out.data;
+  p.out_batch_stride = stride(args.out, 0);
+  p.out_row_stride = stride(args.out, 1);
+  p.out_head_stride = stride(args.out, 2);
+  p.descale = static_cast<float*>(args.descale.data);
+  p.hadamard_signs = args.hadamard_signs ? static_cast<const float*>(args.hadamard_signs->data) : nullptr;
+  p.batch = static_cast<int>(args.x.shape[0]);
+  p.seqlen = static_cast<int>(args.x.shape[1]);
+  p.nheads = static_cast<int>(args.x.shape[2]);
+  p.head_dim = static_cast<int>(args.x.shape[3]);
+  p.scaling = args.scaling;
+  // Every tile reads descale at batch * batch stride + (head / heads_per_group) * group stride +
+  // block * block stride (fp8_quantize.h).
+  switch (args.scaling) {
+    case Fp8Scaling::kPerTensor:
+      break;
+    case Fp8Scaling::kPerHead:
+      p.descale_batch_stride = stride(args.descale, 0);
+      p.descale_group_stride = stride(args.descale, 1);
+      p.scale_batches = p.batch;
+      p.scale_groups = static_cast<int>(args.descale.shape[1]);
+      p.heads_per_group = p.nheads / p.scale_groups;
+      break;
+    case Fp8Scaling::kPerBlock:
+      p.descale_batch_stride = stride(args.descale, 0);
+      p.descale_group_stride = stride(args.descale, 1);
+      p.descale_block_stride = 1;
+      break;
+  }
+  return p;
+}
+
 void BackwardPlan::bind_workspace(void* base) {
   char* bytes = static_cast<char*>(base);
   params.lse_log2 = reinterpret_cast<float*>(bytes + workspace.lse_offset);

@@ -10,6 +10,7 @@
 #include "flashhop/flashhop.h"
 #include "kernels/sm90/bwd_params.h"
 #include "kernels/sm90/bwd_recipes.h"
+#include "kernels/sm90/fp8_quantize.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 
@@ -85,5 +86,8 @@ struct BackwardPlan {
 
 // Plans a backward call whose arguments validate_backward accepted.
 BackwardPlan plan_backward(const BackwardArgs& args);
+
+// The kernels' arguments of a quantize_fp8 call whose arguments validate_quantize_fp8 accepted.
+sm90::Fp8QuantizeParams plan_quantize_fp8(const QuantizeFp8Args& args);
 
 }  // namespace flashhop::detail

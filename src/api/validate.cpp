@@ -12,6 +12,7 @@
 
 #include "flashhop/flashhop.h"
 #include "kernels/sm90/bwd_recipes.h"
+#include "kernels/sm90/fp8_quantize.h"
 #include "kernels/sm90/fwd_params.h"
 #include "kernels/sm90/fwd_recipes.h"
 
@@ -945,6 +946,129 @@ Status validate_append_kv(const AppendKvArgs& args) {
       if (other != output && !caches) checks << check_no_overlap(*output, *other);
     }
   }
+  return checks.status();
+}
+
+namespace {
+
+constexpr const char* kQuantizeDims[] = {"batch", "seqlen", "nheads", "head_dim"};
+constexpr const char* kPerTensorDescaleDims[] = {"scale"};
+constexpr const char* kPerHeadDescaleDims[] = {"batch", "groups"};
+constexpr const char* kPerBlockDescaleDims[] = {"batch", "nheads", "num_blocks"};
+constexpr const char* kHadamardSignsDims[] = {"head_dim"};
+
+// descale's dimensions, and the words that follow its expected rank in a message, for `scaling`.
+struct DescaleLayout {
+  const char* const* dim_names;
+  int rank;
+  const char* context;
+};
+
+std::optional<DescaleLayout> descale_layout(Fp8Scaling scaling) {
+  switch (scaling) {
+    case Fp8Scaling::kPerTensor:
+      return DescaleLayout{kPerTensorDescaleDims, 1, " with per-tensor scaling"};
+    case Fp8Scaling::kPerHead:
+      return DescaleLayout{kPerHeadDescaleDims, 2, " with per-head scaling"};
+    case Fp8Scaling::kPerBlock:
+      return DescaleLayout{kPerBlockDescaleDims, 3, " with per-block scaling"};
+  }
+  return std::nullopt;
+}
+
+// descale's sizes for `scaling`, against x (batch, seqlen, nheads, head_dim).
+Status check_descale_shape(const Operand& descale, const Operand& x, Fp8Scaling scaling, const char* context) {
+  FirstError checks;
+  switch (scaling) {
+    case Fp8Scaling::kPerTensor:
+      if (descale.dim(0) != 1) return invalid(dim_label(descale, 0), " = ", descale.dim(0), ": expected 1", context);
+      break;
+    case Fp8Scaling::kPerHead:
+      checks << check_dim_matches(descale, 0, x, 0) << check_dim_at_least_one(descale, 1);
+      if (!checks.status().ok()) return checks.status();
+      if (x.dim(2) % descale.dim(1) != 0) {
+        return invalid(dim_label(descale, 1), " = ", descale.dim(1), ": nheads (", x.dim(2),
+                       ") must be a multiple of it");
+      }
+      break;
+    case Fp8Scaling::kPerBlock: {
+      checks << check_dim_matches(descale, 0, x, 0) << check_dim_matches(descale, 1, x, 2);
+      const std::int64_t blocks = (x.dim(1) + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
+      if (descale.dim(2) != blocks) {
+        checks << invalid(dim_label(descale, 2), " = ", descale.dim(2), ": expected ", blocks, " (ceil(",
+                          dim_label(x, 1), " / ", kFp8ScaleBlockRows, "))");
+      }
+      break;
+    }
+  }
+  return checks.status();
+}
+
+}  // namespace
+
+Status validate_quantize_fp8(const QuantizeFp8Args& args) {
+  const std::optional<DescaleLayout> layout = descale_layout(args.scaling);
+  if (!layout) {
+    return invalid("scaling = ", static_cast<int>(args.scaling),
+                   ": expected Fp8Scaling::kPerTensor, kPerHead or kPerBlock");
+  }
+  const Operand x{"x", args.x, kQuantizeDims, 4};
+  const Operand out{"out", args.out, kQuantizeDims, 4};
+  const Operand descale{"descale", args.descale, layout->dim_names, layout->rank};
+  std::optional<Operand> signs;
+  if (args.hadamard_signs) signs.emplace(Operand{"hadamard_signs", *args.hadamard_signs, kHadamardSignsDims, 1});
+
+  // Ranks and dtypes first: the shape and stride checks below index and size by them.
+  FirstError checks;
+  checks << check_rank(x) << check_rank(out) << check_rank(descale, layout->context);
+  if (signs) checks << check_rank(*signs);
+  if (!checks.status().ok()) return checks.status();
+  if (x.desc.dtype != DType::kFloat16 && x.desc.dtype != DType::kBFloat16) {
+    return invalid("x.dtype = ", dtype_name(x.desc.dtype), ": expected float16 or bfloat16");
+  }
+  checks << check_dtype(out, DType::kFloat8E4M3, "the quantized values")
+         << check_dtype(descale, DType::kFloat32, "descale is float32");
+  if (signs) checks << check_dtype(*signs, DType::kFloat32, "hadamard_signs is float32");
+  if (!checks.status().ok()) return checks.status();
+
+  // Shapes. x defines every size; the kernels index rows, heads and batches in 32 bits and run one
+  // CTA per tile of kFp8ScaleBlockRows rows of a head.
+  checks << check_nonnegative_dims(x) << check_nonnegative_dims(out) << check_nonnegative_dims(descale);
+  if (signs) checks << check_nonnegative_dims(*signs);
+  if (!checks.status().ok()) return checks.status();
+  std::vector<std::string> head_dims;
+  for (int head_dim : sm90::kFp8QuantizeHeadDims) head_dims.push_back(std::to_string(head_dim));
+  if (std::find(head_dims.begin(), head_dims.end(), std::to_string(x.dim(3))) == head_dims.end()) {
+    return fail(StatusCode::kNotSupported, dim_label(x, 3), " = ", x.dim(3), ": supported head dims are ",
+                listed(head_dims));
+  }
+  for (int d = 0; d < 3; ++d) checks << check_dim_fits_int32(x, d);
+  for (int d = 0; d < 4; ++d) checks << check_dim_matches(out, d, x, d);
+  checks << check_descale_shape(descale, x, args.scaling, layout->context);
+  if (signs) checks << check_dim_matches(*signs, 0, x, 3);
+  if (!checks.status().ok()) return checks.status();
+  const std::int64_t tiles_per_batch = (x.dim(1) + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows * x.dim(2);
+  if (x.dim(0) > 0 && tiles_per_batch > kMaxInt32 / x.dim(0)) {
+    return invalid("x.shape (batch ", x.dim(0), ", seqlen ", x.dim(1), ", nheads ", x.dim(2), "): batch * ceil(seqlen / ",
+                   kFp8ScaleBlockRows, ") * nheads tiles, expected <= ", kMaxInt32);
+  }
+
+  // Memory: 16-byte rows of x and out (the kernels' vector loads and stores), float descale and signs.
+  for (const Operand* t : {&x, &out}) {
+    checks << check_strides(*t, kRowAlignmentBytes, std::nullopt) << check_data(*t, kRowAlignmentBytes);
+  }
+  std::vector<const Operand*> floats = {&descale};
+  if (signs) floats.push_back(&*signs);
+  for (const Operand* t : floats) {
+    checks << check_strides(*t, sizeof(float), std::nullopt) << check_data(*t, sizeof(float));
+  }
+  std::vector<const Operand*> read = {&x};
+  if (signs) read.push_back(&*signs);
+  for (const Operand* input : read) checks << check_no_overlap(out, *input) << check_no_overlap(descale, *input);
+  checks << check_no_overlap(descale, out);
+  if (args.x.device < 0) checks << invalid("x.device = ", args.x.device, ": expected a CUDA device ordinal >= 0");
+  checks << check_same_device(out, x) << check_same_device(descale, x);
+  if (signs) checks << check_same_device(*signs, x);
   return checks.status();
 }
 
