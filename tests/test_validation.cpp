@@ -1510,7 +1510,7 @@ TEST_P(InvalidFp8Arguments, RejectedWithCodeAndNamedArgument) { expect_rejected(
 const InvalidCase kInvalidFp8Cases[] = {
     {"descale_without_fp8",
      [](ForwardArgs& a) { a.q.dtype = a.k.dtype = a.v.dtype = DType::kBFloat16; }, kInvalid,
-     {"q_descale is given with q.dtype = bfloat16: expected descales only with float8_e4m3fn q, k and v"}},
+     {"q_descale is given with q.dtype = bfloat16: expected scales only with float8_e4m3fn q, k and v"}},
     {"o_float16", [](ForwardArgs& a) { a.o.dtype = DType::kFloat16; }, kInvalid,
      {"o.dtype = float16: expected bfloat16 (FP8 attention writes bfloat16)"}},
     {"pack_gqa_on", [](ForwardArgs& a) { a.pack_gqa = flashhop::PackGqa::kOn; }, kNotSupported,
@@ -1536,6 +1536,64 @@ const InvalidCase kInvalidFp8Cases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Validation, InvalidFp8Arguments, ::testing::ValuesIn(kInvalidFp8Cases),
                          [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+// valid_fp8_args() with block scales instead of the descales: kProblem's 33 queries and 65 keys are
+// one block of 128 rows each.
+ForwardArgs valid_block_scaled_args() {
+  const auto at = [](std::uintptr_t gib) {
+    return reinterpret_cast<void*>(std::uintptr_t{0x7f5000000000} + (gib << 32));
+  };
+  ForwardArgs a = valid_fp8_args();
+  a.q_descale = a.k_descale = a.v_descale = std::nullopt;
+  a.q_block_scale = flashhop::make_contiguous(at(0), DType::kFloat32, {2, 8, 1});
+  a.k_block_scale = flashhop::make_contiguous(at(1), DType::kFloat32, {2, 2, 1});
+  a.v_block_scale = flashhop::make_contiguous(at(2), DType::kFloat32, {2, 2, 1});
+  return a;
+}
+
+class InvalidBlockScaledArguments : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidBlockScaledArguments, RejectedWithCodeAndNamedArgument) {
+  expect_rejected(valid_block_scaled_args(), GetParam());
+}
+
+const InvalidCase kInvalidBlockScaledCases[] = {
+    {"v_block_scale_missing", [](ForwardArgs& a) { a.v_block_scale.reset(); }, kInvalid,
+     {"q_block_scale, k_block_scale and v_block_scale: 2 given, expected all three or none"}},
+    {"with_descales",
+     [](ForwardArgs& a) { a.q_descale = flashhop::make_contiguous(a.o.data, DType::kFloat32, {2, 2}); }, kInvalid,
+     {"descales given with block scales: expected one kind of scaling"}},
+    {"q_block_scale_per_kv_head", [](ForwardArgs& a) { a.q_block_scale->shape[1] = 2; }, kInvalid,
+     {"q_block_scale.shape[1] (nheads) = 2: expected 8"}},
+    {"k_block_scale_two_blocks", [](ForwardArgs& a) { a.k_block_scale->shape[2] = 2; }, kInvalid,
+     {"k_block_scale.shape[2] (blocks of 128 keys) = 2: expected 1"}},
+    {"v_block_scale_rank_2", [](ForwardArgs& a) { a.v_block_scale->rank = 2; }, kInvalid,
+     {"v_block_scale.rank = 2", "expected 3"}},
+    {"q_block_scale_bfloat16", [](ForwardArgs& a) { a.q_block_scale->dtype = DType::kBFloat16; }, kInvalid,
+     {"q_block_scale.dtype = bfloat16: expected float32 (scales are float32)"}},
+    {"k_block_scale_negative_stride", [](ForwardArgs& a) { a.k_block_scale->stride[1] = -1; }, kInvalid,
+     {"k_block_scale.stride[1] = -1: expected >= 0"}},
+    {"o_over_v_block_scale", [](ForwardArgs& a) { a.v_block_scale->data = shifted(a.o.data, 16); }, kInvalid,
+     {"overlaps v_block_scale's"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Validation, InvalidBlockScaledArguments, ::testing::ValuesIn(kInvalidBlockScaledCases),
+                         [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+TEST(Fp8Validation, BlockScalesAtHeadDim192AreNotBuilt) {
+  ForwardArgs a = valid_block_scaled_args();
+  const Status ok = flashhop::validate_forward(a);
+  EXPECT_TRUE(ok.ok()) << ok.message;
+  for (TensorDesc* t : {&a.q, &a.k, &a.v, &a.o}) {
+    t->shape[3] = 192;
+    t->stride[2] = 192;
+    t->stride[1] = 192 * t->shape[2];
+    t->stride[0] = t->stride[1] * t->shape[1];
+  }
+  const Status status = flashhop::validate_forward(a);
+  EXPECT_EQ(status.code, StatusCode::kNotSupported) << status.message;
+  EXPECT_NE(status.message.find("q.shape[3] (head_dim) = 192 with block scales"), std::string::npos) << status.message;
+}
 
 TEST(Fp8Validation, AcceptsDescalesPerHeadBroadcastOrNone) {
   ForwardArgs a = valid_fp8_args();
@@ -1563,6 +1621,15 @@ TEST(Fp8Plan, TakesTheFp8RecipeOfTheMaskKindAndTheDescales) {
   EXPECT_STREQ(flashhop::detail::plan_forward(a, {}).recipe_of().name, "fp8_hdim128_local");
   // bfloat16 calls never take an FP8 recipe.
   EXPECT_FALSE(flashhop::detail::plan_forward(valid_args(), {}).recipe_of().fp8);
+  // Block scales: their pointers and strides (a size-1 dimension's stride is never followed: 0).
+  ForwardArgs blocks = valid_block_scaled_args();
+  plan = flashhop::detail::plan_forward(blocks, {});
+  EXPECT_EQ(plan.params.q_descale, nullptr);
+  EXPECT_EQ(plan.params.q_block_scale.data, blocks.q_block_scale->data);
+  EXPECT_EQ(plan.params.q_block_scale.batch_stride, 8);
+  EXPECT_EQ(plan.params.q_block_scale.head_stride, 1);
+  EXPECT_EQ(plan.params.q_block_scale.block_stride, 0);
+  EXPECT_EQ(plan.params.v_block_scale.data, blocks.v_block_scale->data);
 }
 
 // ---- backward ----------------------------------------------------------------------------------

@@ -155,6 +155,12 @@ struct ForwardArgs {
   // v_descale times softmax(scores) V. P is quantized to e4m3 for P V. Fixed-length batches without
   // packed GQA rows; every mask, soft-capping and head dim.
   std::optional<TensorDesc> q_descale, k_descale, v_descale;
+  // FP8 block scaling, instead of the descales: all three, float32, one scale per block of
+  // kFp8ScaleBlockRows rows of a head (quantize_fp8's kPerBlock descales): q_block_scale (batch,
+  // nheads, ceil(seqlen_q / 128)), k_block_scale and v_block_scale (batch, nheads_kv,
+  // ceil(seqlen_k / 128)), any non-negative strides; row i of head h is its e4m3 value times
+  // scale[b][h][i / 128]. Head dims whose FP8 key tiles divide the blocks: all but 192.
+  std::optional<TensorDesc> q_block_scale, k_block_scale, v_block_scale;
 };
 
 // Bytes of device workspace `forward` needs for these arguments (validates them first): none

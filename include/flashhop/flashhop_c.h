@@ -73,6 +73,10 @@ typedef struct {
   const flashhop_tensor_t* q_descale;
   const flashhop_tensor_t* k_descale;
   const flashhop_tensor_t* v_descale;
+  /* FP8 block scaling: NULL, or all three float32 (batch, heads, ceil(seqlen / 128)). */
+  const flashhop_tensor_t* q_block_scale;
+  const flashhop_tensor_t* k_block_scale;
+  const flashhop_tensor_t* v_block_scale;
 } flashhop_forward_args_t;
 
 flashhop_status_t flashhop_forward_workspace_size(const flashhop_forward_args_t* args, size_t* bytes);

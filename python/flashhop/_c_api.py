@@ -71,6 +71,9 @@ class _ForwardArgs(ctypes.Structure):
         ("q_descale", ctypes.POINTER(_Tensor)),
         ("k_descale", ctypes.POINTER(_Tensor)),
         ("v_descale", ctypes.POINTER(_Tensor)),
+        ("q_block_scale", ctypes.POINTER(_Tensor)),
+        ("k_block_scale", ctypes.POINTER(_Tensor)),
+        ("v_block_scale", ctypes.POINTER(_Tensor)),
     ]
 
 
@@ -233,11 +236,13 @@ def _run(workspace_size, run, args, device):
 
 
 def forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa, q_descale=None,
-            k_descale=None, v_descale=None):
+            k_descale=None, v_descale=None, q_block_scale=None, k_block_scale=None, v_block_scale=None):
     """Runs the forward kernel into `out` and `lse` on the current stream of q's device, which must
-    be the current device; the descales (FP8 inputs) where given."""
+    be the current device; the descales or block scales (FP8 inputs) where given."""
     descs = {"lse": _describe("lse", lse)}
-    for name, tensor in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+    for name, tensor in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale),
+                         ("q_block_scale", q_block_scale), ("k_block_scale", k_block_scale),
+                         ("v_block_scale", v_block_scale)):
         if tensor is not None:
             descs[name] = _describe(name, tensor)
     pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}

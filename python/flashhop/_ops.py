@@ -37,8 +37,9 @@ def _empty_outputs(q, v):
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
         window_left: int, window_right: int, softcap: float,
         pack_gqa: Optional[bool] = None, deterministic: bool = False, q_descale: Optional[torch.Tensor] = None,
-        k_descale: Optional[torch.Tensor] = None,
-        v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+        q_block_scale: Optional[torch.Tensor] = None, k_block_scale: Optional[torch.Tensor] = None,
+        v_block_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out = softmax(S) v and lse = logsumexp(S) per query row, in FlashAttention's layout, for the
     scores S = softmax_scale * q k^T, soft-capped to softcap * tanh(S / softcap) when softcap > 0,
     with -inf where masked. Masks are aligned to the bottom-right corner: query i sees the keys j
@@ -47,23 +48,26 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Option
     pack_gqa packs the query heads that share a KV head into one query tile: None lets the library
     choose, True always, False never; the result is the same attention. deterministic is for the
     backward: dq accumulated in a fixed order. FP8: float8_e4m3fn q, k and v, with optional float32
-    (batch, nheads_kv) descales; out is bfloat16 (forward only)."""
+    (batch, nheads_kv) descales, or block scales (batch, heads, ceil(seqlen / 128)); out is bfloat16
+    (forward only)."""
     # Registered for every device type so that a tensor elsewhere gets this message rather than the
     # dispatcher's "could not run with arguments from the CPU backend".
     for name, tensor in (("q", q), ("k", k), ("v", v), ("q_descale", q_descale), ("k_descale", k_descale),
-                         ("v_descale", v_descale)):
+                         ("v_descale", v_descale), ("q_block_scale", q_block_scale),
+                         ("k_block_scale", k_block_scale), ("v_block_scale", v_block_scale)):
         if tensor is not None and tensor.device.type != "cuda":
             raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
     out, lse = _empty_outputs(q, v)
     with torch.cuda.device(q.device):
         _c_api.forward(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa,
-                       q_descale, k_descale, v_descale)
+                       q_descale, k_descale, v_descale, q_block_scale, k_block_scale, v_block_scale)
     return out, lse
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False,
-              q_descale=None, k_descale=None, v_descale=None):
+              q_descale=None, k_descale=None, v_descale=None, q_block_scale=None, k_block_scale=None,
+              v_block_scale=None):
     return _empty_outputs(q, v)
 
 
@@ -98,8 +102,8 @@ def _bwd_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, window_left, w
 
 
 def _save_for_backward(ctx, inputs, output):
-    # bwd takes no pack_gqa (it only schedules the forward) and no descales (FP8 has no backward).
-    q, k, v, *options, _pack_gqa, deterministic, _q_descale, _k_descale, _v_descale = inputs
+    # bwd takes no pack_gqa (it only schedules the forward) and no FP8 scales (FP8 has no backward).
+    q, k, v, *options, _pack_gqa, deterministic, _qd, _kd, _vd, _qb, _kb, _vb = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options = options  # softmax_scale, causal, window_left, window_right, softcap
@@ -111,8 +115,8 @@ def _fwd_backward(ctx, grad_out, grad_lse):
     if q.dtype == torch.float8_e4m3fn:
         raise NotImplementedError("flashhop: FP8 (float8_e4m3fn) attention has no backward")
     grad_q, grad_k, grad_v = torch.ops.flashhop.bwd(grad_out, q, k, v, out, lse, *ctx.options, ctx.deterministic)
-    # None for the options, pack_gqa, deterministic and the three descales.
-    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 5)
+    # None for the options, pack_gqa, deterministic, the three descales and the three block scales.
+    return (grad_q, grad_k, grad_v) + (None,) * (len(ctx.options) + 8)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_save_for_backward)

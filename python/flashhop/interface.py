@@ -13,7 +13,7 @@ from ._support import unsupported_reason
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-1, -1), softcap=0.0,
                     pack_gqa=None, deterministic=False, return_attn_probs=False, q_descale=None, k_descale=None,
-                    v_descale=None):
+                    v_descale=None, q_block_scale=None, k_block_scale=None, v_block_scale=None):
     """Exact attention in FlashAttention's layout, as FlashAttention-3's function of this name.
 
     q: (batch, seqlen_q, nheads, head_dim); k: (batch, seqlen_k, nheads_kv, head_dim); v: (batch,
@@ -37,14 +37,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     FP8, as FlashAttention-3's: q, k and v float8_e4m3fn, and q_descale, k_descale, v_descale
     None (1) or float32 (batch, nheads_kv) CUDA tensors: the scores are softmax_scale * q_descale *
     k_descale * q.k of the e4m3 values, out is v_descale * softmax(scores) v, in bfloat16 (forward
-    only; pack_gqa is not taken).
+    only; pack_gqa is not taken). Or, instead of the descales, block scales (flashhop's): float32
+    q_block_scale (batch, nheads, ceil(seqlen_q / 128)), k_block_scale and v_block_scale (batch,
+    nheads_kv, ceil(seqlen_k / 128)), one per 128 rows of a head, as quantize_fp8(scaling="per_block")
+    gives them (head dims other than 192).
     Returns out (batch, seqlen_q, nheads, head_dim_v), and with return_attn_probs also
     softmax_lse (batch, nheads, seqlen_q) in float32 (natural log, of the capped scores), as
     FlashAttention-3 does. A query row that sees no key gets out = 0 and softmax_lse = -inf.
     """
     window_left, window_right = _window(window_size, causal)
     out, softmax_lse = torch.ops.flashhop.fwd(q, k, v, softmax_scale, causal, window_left, window_right, softcap,
-                                              pack_gqa, deterministic, q_descale, k_descale, v_descale)
+                                              pack_gqa, deterministic, q_descale, k_descale, v_descale,
+                                              q_block_scale, k_block_scale, v_block_scale)
     return (out, softmax_lse) if return_attn_probs else out
 
 

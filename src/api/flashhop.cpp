@@ -219,7 +219,13 @@ Status forward(const ForwardArgs& args, void* workspace, std::size_t workspace_b
                                                           {"workspace", p.workspace, p.workspace != nullptr},
                                                           {"q_descale.data", p.q_descale, p.q_descale != nullptr},
                                                           {"k_descale.data", p.k_descale, p.k_descale != nullptr},
-                                                          {"v_descale.data", p.v_descale, p.v_descale != nullptr}});
+                                                          {"v_descale.data", p.v_descale, p.v_descale != nullptr},
+                                                          {"q_block_scale.data", p.q_block_scale.data,
+                                                           p.q_block_scale.data != nullptr},
+                                                          {"k_block_scale.data", p.k_block_scale.data,
+                                                           p.k_block_scale.data != nullptr},
+                                                          {"v_block_scale.data", p.v_block_scale.data,
+                                                           p.v_block_scale.data != nullptr}});
       !status.ok()) {
     return status;
   }

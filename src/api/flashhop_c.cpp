@@ -113,7 +113,10 @@ flashhop::Status to_cpp(const flashhop_forward_args_t* args, flashhop::ForwardAr
                                       std::pair{args->leftpad_k, &out->leftpad_k},
                                       std::pair{args->q_descale, &out->q_descale},
                                       std::pair{args->k_descale, &out->k_descale},
-                                      std::pair{args->v_descale, &out->v_descale}}) {
+                                      std::pair{args->v_descale, &out->v_descale},
+                                      std::pair{args->q_block_scale, &out->q_block_scale},
+                                      std::pair{args->k_block_scale, &out->k_block_scale},
+                                      std::pair{args->v_block_scale, &out->v_block_scale}}) {
     if (tensor != nullptr) *field = to_cpp(*tensor);
   }
   out->max_seqlen_q = args->max_seqlen_q;

@@ -328,6 +328,16 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
     descale(args.q_descale, params.q_descale, params.q_descale_batch_stride, params.q_descale_head_stride);
     descale(args.k_descale, params.k_descale, params.k_descale_batch_stride, params.k_descale_head_stride);
     descale(args.v_descale, params.v_descale, params.v_descale_batch_stride, params.v_descale_head_stride);
+    const auto block_scale = [](const std::optional<TensorDesc>& t, sm90::ForwardParams::BlockScales& scales) {
+      if (!t) return;
+      scales.data = static_cast<const float*>(t->data);
+      scales.batch_stride = t->shape[0] > 1 ? t->stride[0] : 0;
+      scales.head_stride = t->shape[1] > 1 ? t->stride[1] : 0;
+      scales.block_stride = t->shape[2] > 1 ? t->stride[2] : 0;
+    };
+    block_scale(args.q_block_scale, params.q_block_scale);
+    block_scale(args.k_block_scale, params.k_block_scale);
+    block_scale(args.v_block_scale, params.v_block_scale);
   } else {
     // Packed rows take the default choice; the unpacked rows' tiles, which packing is weighed
     // against, their own. Validation accepted only head dims that have recipes.

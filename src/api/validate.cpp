@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -313,19 +314,32 @@ Status check_pack_gqa(const ForwardArgs& args, std::int64_t packed, const char* 
 // ---- FP8 ---------------------------------------------------------------------------------------
 
 constexpr const char* kDescaleDims[] = {"batch", "nheads_kv"};
+constexpr const char* kQBlockScaleDims[] = {"batch", "nheads", "blocks of 128 queries"};
+constexpr const char* kKVBlockScaleDims[] = {"batch", "nheads_kv", "blocks of 128 keys"};
 
 // Which calls take FP8: descales only with e4m3 inputs; e4m3 inputs in fixed-length batches
 // without packed GQA rows (the FP8 kernels built).
 Status check_fp8_kind(const ForwardArgs& args) {
   const bool fp8 = args.q.dtype == DType::kFloat8E4M3;
-  for (const auto& [name, descale] : {std::pair{"q_descale", &args.q_descale}, std::pair{"k_descale", &args.k_descale},
-                                      std::pair{"v_descale", &args.v_descale}}) {
-    if (descale->has_value() && !fp8) {
+  for (const auto& [name, scale] :
+       {std::pair{"q_descale", &args.q_descale}, std::pair{"k_descale", &args.k_descale},
+        std::pair{"v_descale", &args.v_descale}, std::pair{"q_block_scale", &args.q_block_scale},
+        std::pair{"k_block_scale", &args.k_block_scale}, std::pair{"v_block_scale", &args.v_block_scale}}) {
+    if (scale->has_value() && !fp8) {
       return invalid(name, " is given with q.dtype = ", dtype_name(args.q.dtype),
-                     ": expected descales only with float8_e4m3fn q, k and v");
+                     ": expected scales only with float8_e4m3fn q, k and v");
     }
   }
   if (!fp8) return Status::success();
+  const int block_scales = args.q_block_scale.has_value() + args.k_block_scale.has_value() +
+                           args.v_block_scale.has_value();
+  if (block_scales != 0 && block_scales != 3) {
+    return invalid("q_block_scale, k_block_scale and v_block_scale: ", block_scales,
+                   " given, expected all three or none");
+  }
+  if (block_scales == 3 && (args.q_descale || args.k_descale || args.v_descale)) {
+    return invalid("descales given with block scales: expected one kind of scaling");
+  }
   if (args.cu_seqlens_q || args.page_table) {
     return fail(StatusCode::kNotSupported, "q.dtype = float8_e4m3fn with ",
                 args.page_table ? "page_table" : "cu_seqlens_q",
@@ -352,6 +366,34 @@ Status check_descales(const ForwardArgs& args, const Operand& q, const Operand& 
     if (!checks.status().ok()) return checks.status();
     checks << check_dim_matches(t, 0, q, 0) << check_dim_matches(t, 1, k, 2);
     for (int d = 0; d < 2; ++d) {
+      if (t.desc.stride[d] < 0) {
+        checks << invalid(name, ".stride[", d, "] = ", t.desc.stride[d], ": expected >= 0 (0 broadcasts one value)");
+      }
+    }
+    checks << check_data(t, sizeof(float)) << check_same_device(t, q) << check_no_overlap(o, t);
+    if (lse) checks << check_no_overlap(*lse, t);
+  }
+  if (!checks.status().ok() || !args.q_block_scale) return checks.status();
+  // Block scales: a key tile of the FP8 kernels must lie in one block (every head dim but 192).
+  if (q.dim(3) == 192) {
+    return fail(StatusCode::kNotSupported, dim_label(q, 3),
+                " = 192 with block scales: expected another head dim (the FP8 kernels' key tiles of 96 keys "
+                "straddle the blocks of 128)");
+  }
+  const auto blocks = [](std::int64_t rows) { return (rows + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows; };
+  for (const auto& [name, scale, rows, heads] :
+       {std::tuple{"q_block_scale", &args.q_block_scale, q.dim(1), q.dim(2)},
+        std::tuple{"k_block_scale", &args.k_block_scale, k.dim(1), k.dim(2)},
+        std::tuple{"v_block_scale", &args.v_block_scale, k.dim(1), k.dim(2)}}) {
+    const bool is_q = name[0] == 'q';
+    const Operand t{name, **scale, is_q ? kQBlockScaleDims : kKVBlockScaleDims, 3};
+    checks << check_rank(t) << check_dtype(t, DType::kFloat32, "scales are float32");
+    if (!checks.status().ok()) return checks.status();
+    const std::int64_t expected[] = {q.dim(0), heads, blocks(rows)};
+    for (int d = 0; d < 3; ++d) {
+      if (t.dim(d) != expected[d]) {
+        checks << invalid(dim_label(t, d), " = ", t.dim(d), ": expected ", expected[d]);
+      }
       if (t.desc.stride[d] < 0) {
         checks << invalid(name, ".stride[", d, "] = ", t.desc.stride[d], ": expected >= 0 (0 broadcasts one value)");
       }

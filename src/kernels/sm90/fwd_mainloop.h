@@ -13,6 +13,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "flashhop/flashhop.h"
 #include "kernels/sm90/barriers.h"
 #include "kernels/sm90/fp8_transpose.h"
 #include "kernels/sm90/fwd_params.h"
@@ -133,6 +134,8 @@ struct ForwardMainloop {
                 "O's own buffer does not fit");
   // 16-bit O does not fit in 8-bit Q's buffer.
   static_assert(!kFp8 || kSeparateO, "FP8 stages O in a buffer of its own");
+  // A query tile is one block of block scaling's query scales.
+  static_assert(!kFp8 || kBlockM == kFp8ScaleBlockRows, "FP8 query tiles of one scale block");
   // The turns go between two warpgroups that each store all their rows (unpacked, no split merge).
   static_assert(!kTakeTurnsO || (kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
                                  kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(ElementO) + 2048 <=
@@ -230,6 +233,8 @@ struct ForwardMainloop {
     float const* k;
     float const* v;
     int64_t q_batch_stride, q_head_stride, k_batch_stride, k_head_stride, v_batch_stride, v_head_stride;
+    // Block scaling instead (ForwardParams): q's of blocks of 128 queries, k's and v's of 128 keys.
+    ForwardParams::BlockScales q_block, k_block, v_block;
   };
 
   struct Params {
@@ -304,7 +309,10 @@ struct ForwardMainloop {
                          p.k_descale_batch_stride,
                          p.k_descale_head_stride,
                          p.v_descale_batch_stride,
-                         p.v_descale_head_stride};
+                         p.v_descale_head_stride,
+                         p.q_block_scale,
+                         p.k_block_scale,
+                         p.v_block_scale};
     } else {
       return NoDescales{};
     }
@@ -312,14 +320,28 @@ struct ForwardMainloop {
 
   // The scales of one tile's scores and O: the call's, and with FP8 its (batch, KV head)'s descales
   // folded in (as FlashAttention-3: softcap's argument and the softmax's exponent scale by
-  // q_descale k_descale, O by v_descale).
+  // q_descale k_descale, O by v_descale). With block scales, key tile n's scores are multiplied by
+  // the tile's query block scale times the key block scale (scale_scores) before the softmax, and
+  // its P by its value block scale over the head's largest (convert_p), which O's normalisation
+  // takes back (o_scale): P stays in [0, 256], inside e4m3's range.
+  struct NoBlockScales {};
+  struct TileBlockScales {
+    float q;                            // the tile's query block scale
+    float const* k;                     // the head's key block scales, or null without block scaling
+    float const* v;                     // its value block scales
+    int64_t k_stride, v_stride;
+    float inv_v_max;                    // 1 / the head's largest value block scale (0 where that is 0)
+  };
   struct TileScales {
     float softcap_prescale;  // softmax_scale / softcap
     float score_scale;       // a kept score's exponent in natural-log units, per unit of the kept score
     float score_scale_log2;  // the same in log2 units
-    float o_scale;           // v_descale
+    float o_scale;           // v_descale, or the largest value block scale
+    cute::conditional_t<kFp8, TileBlockScales, NoBlockScales> blocks;
   };
-  static CUTLASS_DEVICE TileScales tile_scales(Params const& params, int head_kv, int batch) {
+  // The key block of key tile n_block: key tiles lie in one block of 128 keys (validation).
+  static CUTLASS_DEVICE int key_block(int n_block) { return n_block * kBlockN / kFp8ScaleBlockRows; }
+  static CUTLASS_DEVICE TileScales tile_scales(Params const& params, int head, int head_kv, int batch, int m_block) {
     if constexpr (kFp8) {
       Fp8Descales const& d = params.descales;
       auto const read = [&](float const* at, int64_t batch_stride, int64_t head_stride) {
@@ -329,10 +351,45 @@ struct ForwardMainloop {
       // Soft-capped, the kept score tanh(s softcap_prescale) takes the descales inside the tanh;
       // else the kept score is s itself and the exponent's scale takes them.
       float const kept = params.softcap ? 1.f : qk;
-      return {params.softcap_prescale * qk, params.score_scale * kept, params.score_scale_log2 * kept,
-              read(d.v, d.v_batch_stride, d.v_head_stride)};
+      TileScales scales{params.softcap_prescale * qk, params.score_scale * kept, params.score_scale_log2 * kept,
+                        read(d.v, d.v_batch_stride, d.v_head_stride), {1.f, nullptr, nullptr, 0, 0, 1.f}};
+      if (d.k_block.data != nullptr) {
+        TileBlockScales& b = scales.blocks;
+        b.q = __ldg(d.q_block.data + batch * d.q_block.batch_stride + head * d.q_block.head_stride +
+                    m_block * d.q_block.block_stride);
+        b.k = d.k_block.data + batch * d.k_block.batch_stride + head_kv * d.k_block.head_stride;
+        b.v = d.v_block.data + batch * d.v_block.batch_stride + head_kv * d.v_block.head_stride;
+        b.k_stride = d.k_block.block_stride;
+        b.v_stride = d.v_block.block_stride;
+        float v_max = 0.f;
+        int const blocks = (params.seqlen_k + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int i = 0; i < blocks; ++i) v_max = fmaxf(v_max, __ldg(b.v + i * b.v_stride));
+        b.inv_v_max = v_max > 0.f ? 1.f / v_max : 0.f;
+        scales.o_scale = v_max;
+      }
+      return scales;
     } else {
-      return {params.softcap_prescale, params.score_scale, params.score_scale_log2, 1.f};
+      return {params.softcap_prescale, params.score_scale, params.score_scale_log2, 1.f, {}};
+    }
+  }
+  // Block scaling: key tile n_block's scores times its query and key block scales.
+  template <class Scores>
+  static CUTLASS_DEVICE void scale_scores(Scores& scores, TileScales const& scales, int n_block) {
+    if constexpr (kFp8) {
+      if (scales.blocks.k == nullptr) return;
+      float const factor = scales.blocks.q * __ldg(scales.blocks.k + key_block(n_block) * scales.blocks.k_stride);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(scores); ++i) scores(i) *= factor;
+    }
+  }
+  // Block scaling: the factor of key tile n_block's P, its value block scale over the largest.
+  static CUTLASS_DEVICE float p_factor(TileScales const& scales, int n_block) {
+    if constexpr (kFp8) {
+      if (scales.blocks.v == nullptr) return 1.f;
+      return __ldg(scales.blocks.v + key_block(n_block) * scales.blocks.v_stride) * scales.blocks.inv_v_max;
+    } else {
+      return 1.f;
     }
   }
 
@@ -651,13 +708,14 @@ struct ForwardMainloop {
       return cute::make_tensor<Element>(accumulator_as_a_operand(s_accum.layout()));
     }
   }
+  // factor: p_factor's (FP8 block scaling).
   template <class SAccum, class PRegs>
-  static CUTLASS_DEVICE void convert_p(SAccum const& s_accum, PRegs& p_regs) {
+  static CUTLASS_DEVICE void convert_p(SAccum const& s_accum, PRegs& p_regs, float factor) {
     if constexpr (kFp8) {
       cute::Tensor scores = cute::make_tensor(s_accum.data(), accumulator_as_fp8_a_operand(s_accum.layout()));
       cute::Tensor ordered = cute::make_tensor<float>(p_regs.layout());  // register renaming, no data movement
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < cute::size(ordered); ++i) ordered(i) = scores(i);
+      for (int i = 0; i < cute::size(ordered); ++i) ordered(i) = scores(i) * factor;
       convert_fragment_into(ordered, p_regs);
     } else {
       convert_fragment_into(s_accum, p_regs);
@@ -866,6 +924,7 @@ struct ForwardMainloop {
     // returns it, or known at compile time in a loop compiled per choice.
     auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask, auto softcap) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
+      scale_scores(scores, scales, n_block);
       if (softcap) apply_softcap(scores, scales.softcap_prescale);
       if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, query_of, n_block * kBlockN);
       return scores;
@@ -928,7 +987,7 @@ struct ForwardMainloop {
                                           : scores_of(s_first, n_block, false_type{}, softcapped());
       softmax.template update</*kIsFirst=*/true>(scores);
     }
-    convert_p(s_first, p_regs);
+    convert_p(s_first, p_regs, p_factor(scales, n_block));
     PipelineState v_read = k_read;  // V of the previous key tile, consumed by the pending P V
     ++k_read;
     // The walk: key tiles blocks.end - 1 down to blocks.begin, but first_block. Its last S GEMM is
@@ -960,7 +1019,7 @@ struct ForwardMainloop {
       o_scale = softmax_update(/*is_first=*/false_type{}, s_accum, n_block, needs_mask, softcap);
       warpgroup_wait<0>();  // P V retired: p_regs is free again
       pipeline_v.consumer_release(v_read);
-      convert_p(s_accum, p_regs);
+      convert_p(s_accum, p_regs, p_factor(scales, n_block));
       v_read = k_read;
       ++k_read;
     };

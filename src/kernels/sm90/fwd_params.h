@@ -129,6 +129,14 @@ struct ForwardParams {
   std::int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0;
   std::int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0;
   std::int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0;
+  // FP8 block scaling (instead of the descales): float32 scales of blocks of kFp8ScaleBlockRows rows,
+  // (batch, nheads, blocks) for q and (batch, nheads_kv, blocks) for k and v, with these strides in
+  // elements (0 broadcasts), or null.
+  struct BlockScales {
+    float const* data = nullptr;
+    std::int64_t batch_stride = 0, head_stride = 0, block_stride = 0;
+  };
+  BlockScales q_block_scale, k_block_scale, v_block_scale;
 };
 
 // The combine kernel's arguments (combine.cu): the partial results of num_splits splits by keys,
