@@ -170,25 +170,30 @@ TEST(RecipeAgreement, DispatchHoldsTheBuildsSelection) {
   };
   const std::set<std::string> dtypes = split(FLASHHOP_TEST_DTYPES), head_dims = split(FLASHHOP_TEST_HEAD_DIMS);
   // Each recipe of a table (that has the kernel: `has`) is compiled for exactly the selected dtypes
-  // where its head dims are selected.
+  // of its kind (`takes`: FP8 recipes e4m3, the others bf16 and fp16) where its head dims are selected.
   const auto expect_selection = [&](const auto& recipes, bool (*compiled)(DType, int), const char* pass,
-                                    auto const& has) {
+                                    auto const& has, auto const& takes) {
     for (int i = 0; i < static_cast<int>(std::size(recipes)); ++i) {
       const auto& r = recipes[i];
       const std::string dims = r.head_dim == r.head_dim_v
                                    ? std::to_string(r.head_dim)
                                    : std::to_string(r.head_dim) + "x" + std::to_string(r.head_dim_v);
-      for (auto [dtype, name] : {std::pair{DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}}) {
-        const bool selected = has(r) && dtypes.count(name) == 1 && head_dims.count(dims) == 1;
+      for (auto [dtype, name] :
+           {std::pair{DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}, {DType::kFloat8E4M3, "e4m3"}}) {
+        const bool selected = has(r) && takes(r, dtype) && dtypes.count(name) == 1 && head_dims.count(dims) == 1;
         EXPECT_EQ(compiled(dtype, i), selected) << pass << " " << name << " " << r.name;
       }
     }
   };
   const auto every = [](const auto&) { return true; };
-  expect_selection(kForwardRecipes, flashhop::detail::forward_kernel_compiled, "forward", every);
+  const auto forward_kind = [](const flashhop::sm90::ForwardRecipe& r, DType dtype) {
+    return r.fp8 == (dtype == DType::kFloat8E4M3);
+  };
+  expect_selection(kForwardRecipes, flashhop::detail::forward_kernel_compiled, "forward", every, forward_kind);
   expect_selection(kForwardRecipes, flashhop::detail::varlen_forward_kernel_compiled, "variable-length forward",
-                   [](const flashhop::sm90::ForwardRecipe& r) { return r.varlen; });
-  expect_selection(flashhop::sm90::kBackwardRecipes, flashhop::detail::backward_kernel_compiled, "backward", every);
+                   [](const flashhop::sm90::ForwardRecipe& r) { return r.varlen; }, forward_kind);
+  expect_selection(flashhop::sm90::kBackwardRecipes, flashhop::detail::backward_kernel_compiled, "backward", every,
+                   [](const auto&, DType dtype) { return dtype != DType::kFloat8E4M3; });
 }
 
 }  // namespace
