@@ -63,7 +63,7 @@
 namespace flashhop {
 
 // kInt32: cu_seqlens and seqused only; kFloat8E4M3 (e4m3, finite only: PyTorch's float8_e4m3fn):
-// quantize_fp8's output only.
+// quantize_fp8's output, and FP8 attention's q, k and v (ForwardArgs).
 enum class DType { kFloat16, kBFloat16, kFloat32, kInt32, kFloat8E4M3 };
 
 // Size in bytes of one element of `dtype`.

@@ -22,7 +22,7 @@ typedef enum {
 } flashhop_status_t;
 
 /* FLASHHOP_INT32: cu_seqlens and seqused only; FLASHHOP_FLOAT8_E4M3 (float8_e4m3fn): flashhop_quantize_fp8's
- * output only. */
+ * output, and FP8 attention's q, k and v. */
 typedef enum {
   FLASHHOP_FLOAT16 = 0,
   FLASHHOP_BFLOAT16 = 1,
