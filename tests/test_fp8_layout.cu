@@ -7,6 +7,7 @@
 
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
+#include "kernels/sm90/fp8_transpose.h"
 #include "kernels/sm90/gmma_utils.h"
 
 namespace {
@@ -50,6 +51,19 @@ TEST(Fp8Operand, KeyOrderIsAPermutationOfEachBlockOf16) {
       EXPECT_FALSE(seen[key - base]) << key;
       seen[key - base] = true;
     }
+  }
+}
+
+// The transposer's 4 x 4 byte transpose, through prmt's selectors: byte j of out[i] is byte i of
+// in[j] (the host copy of prmt follows the PTX manual's byte numbering).
+TEST(Fp8Operand, TransposerSwapsBytesAndWords) {
+  // Bytes 0 .. 7 of (low, high) are 0x00, 0x11, ..., 0x77: selector 0x5140 takes bytes 0, 4, 1, 5.
+  EXPECT_EQ(flashhop::sm90::byte_perm(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
+  const std::uint32_t in[4] = {0x03020100u, 0x13121110u, 0x23222120u, 0x33323130u};  // byte i of in[j]: 0x(j)(i)
+  std::uint32_t out[4];
+  flashhop::sm90::transpose_bytes(in, out);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) EXPECT_EQ((out[i] >> (8 * j)) & 0xff, (in[j] >> (8 * i)) & 0xff) << i << " " << j;
   }
 }
 

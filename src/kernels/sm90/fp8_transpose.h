@@ -5,11 +5,38 @@
 // that P goes from the score accumulator to the A operand without crossing threads.
 #pragma once
 
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 
 #include "kernels/sm90/gmma_utils.h"
 
 namespace flashhop::sm90 {
+
+// prmt (__byte_perm): byte i of the result is byte (selector >> 4 i) & 7 of the eight bytes of
+// (low, high), low's first. The host's copy serves the tests.
+CUTLASS_HOST_DEVICE std::uint32_t byte_perm(std::uint32_t low, std::uint32_t high, std::uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(low, high, selector);
+#else
+  std::uint64_t const bytes = (std::uint64_t{high} << 32) | low;
+  std::uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) out |= static_cast<std::uint32_t>((bytes >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return out;
+#endif
+}
+
+// A 4 x 4 byte transpose: byte j of out[i] is byte i of in[j].
+CUTLASS_HOST_DEVICE void transpose_bytes(std::uint32_t const (&in)[4], std::uint32_t (&out)[4]) {
+  std::uint32_t const low01 = byte_perm(in[0], in[1], 0x5140);   // in0.0 in1.0 in0.1 in1.1
+  std::uint32_t const high01 = byte_perm(in[0], in[1], 0x7362);  // in0.2 in1.2 in0.3 in1.3
+  std::uint32_t const low23 = byte_perm(in[2], in[3], 0x5140);
+  std::uint32_t const high23 = byte_perm(in[2], in[3], 0x7362);
+  out[0] = byte_perm(low01, low23, 0x5410);
+  out[1] = byte_perm(low01, low23, 0x7632);
+  out[2] = byte_perm(high01, high23, 0x5410);
+  out[3] = byte_perm(high01, high23, 0x7632);
+}
 
 // kThreads threads (whole warps) transpose a (kKeys, kDims) stage of 8-bit V into its (kDims, kKeys)
 // stage of Vt, in tasks of 4 x 4 bytes: four keys (P's columns c .. c + 3) by four columns
@@ -38,13 +65,8 @@ struct VTransposer {
       for (int j = 0; j < 4; ++j) {
         in[j] = *reinterpret_cast<std::uint32_t const*>(&sV(key + j % 2 + 8 * (j / 2), d));
       }
-      // out[i] byte j = in[j] byte i.
-      std::uint32_t const low01 = __byte_perm(in[0], in[1], 0x5140);   // in0.0 in1.0 in0.1 in1.1
-      std::uint32_t const high01 = __byte_perm(in[0], in[1], 0x7362);  // in0.2 in1.2 in0.3 in1.3
-      std::uint32_t const low23 = __byte_perm(in[2], in[3], 0x5140);
-      std::uint32_t const high23 = __byte_perm(in[2], in[3], 0x7362);
-      std::uint32_t const out[4] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632),
-                                    __byte_perm(high01, high23, 0x5410), __byte_perm(high01, high23, 0x7632)};
+      std::uint32_t out[4];
+      transpose_bytes(in, out);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < 4; ++i) *reinterpret_cast<std::uint32_t*>(&sVt(d + i, column)) = out[i];
     }
