@@ -35,6 +35,7 @@ struct Fp8Case {
   Masking masking;
   Problem problem;
   Descales descales = Descales::kPerHead;
+  flashhop::PackGqa pack_gqa = flashhop::PackGqa::kOff;
 };
 
 std::string name(const Fp8Case& c) {
@@ -43,7 +44,7 @@ std::string name(const Fp8Case& c) {
   return std::string("d") + std::to_string(p.head_dim) + (p.dv() != p.head_dim ? "x" + std::to_string(p.dv()) : "") +
          "_" + c.mask_name + "_b" + std::to_string(p.batch) + "_sq" + std::to_string(p.seqlen_q) + "_sk" +
          std::to_string(p.seqlen_k) + "_h" + std::to_string(p.nheads) + "_kv" + std::to_string(p.nheads_kv) + "_" +
-         descales[static_cast<int>(c.descales)];
+         descales[static_cast<int>(c.descales)] + (c.pack_gqa == flashhop::PackGqa::kOn ? "_packgqa" : "");
 }
 void PrintTo(const Fp8Case& c, std::ostream* out) { *out << name(c); }
 
@@ -162,7 +163,8 @@ TEST_P(Fp8ForwardGpu, MatchesTheReferenceOnDequantizedInputs) {
   args.window_left = c.masking.window_left;
   args.window_right = c.masking.window_right;
   args.softcap = c.masking.softcap;
-  if (c.descales != Descales::kNone) {
+  args.pack_gqa = c.pack_gqa;
+  if (c.descales != Descales::kNone && c.descales != Descales::kBlock) {
     const std::int64_t values = broadcast ? 1 : descale_count;
     tq_descale.upload(std::vector<float>(q_descale.begin(), q_descale.begin() + values));
     tk_descale.upload(std::vector<float>(k_descale.begin(), k_descale.begin() + values));
@@ -285,6 +287,13 @@ std::vector<Fp8Case> cases() {
     // tiles straddle blocks: refused, the case skips).
     if (d != 192) {
       for (const auto& mask : masks) all.push_back({mask.name, mask.masking, problem, Descales::kBlock});
+    }
+    // Packed GQA rows: decoding (a query per sequence over long keys) and short queries, 4 and 8
+    // query heads per KV head.
+    for (const Problem& packed : {Problem{4, 1, 1000, 32, 8, d, dv}, Problem{2, 17, 513, 16, 2, d, dv}}) {
+      for (const auto& mask : masks) {
+        all.push_back({mask.name, mask.masking, packed, Descales::kPerHead, flashhop::PackGqa::kOn});
+      }
     }
   }
   return all;

@@ -70,12 +70,12 @@ TEST_P(Recipe, FitsTheKernelsLimits) {
   EXPECT_TRUE(!r.pack_gqa || r.tile_choice == flashhop::sm90::default_tile_choice(r.local())) << r.name;
   EXPECT_TRUE(r.local() || !r.mask_by_chunks) << r.name;
   // FP8: two consumer warpgroups (the transposer's register budget), key tiles of whole 32-column
-  // A fragments of P, O in its own buffer; unpacked, fixed-length, one recipe per mask kind.
+  // A fragments of P, O in its own buffer; fixed-length.
   if (r.fp8) {
     EXPECT_EQ(r.block_m, 128) << r.name;
     EXPECT_EQ(r.block_n % 32, 0) << r.name;
     EXPECT_EQ(r.o_buffer, OBuffer::kOwn) << r.name;
-    EXPECT_FALSE(r.pack_gqa || r.varlen) << r.name;
+    EXPECT_FALSE(r.varlen) << r.name;
   }
   // Each (head dims, mask, packing, choice, FP8) has one recipe.
   int same = 0;

@@ -1513,8 +1513,6 @@ const InvalidCase kInvalidFp8Cases[] = {
      {"q_descale is given with q.dtype = bfloat16: expected scales only with float8_e4m3fn q, k and v"}},
     {"o_float16", [](ForwardArgs& a) { a.o.dtype = DType::kFloat16; }, kInvalid,
      {"o.dtype = float16: expected bfloat16 (FP8 attention writes bfloat16)"}},
-    {"pack_gqa_on", [](ForwardArgs& a) { a.pack_gqa = flashhop::PackGqa::kOn; }, kNotSupported,
-     {"pack_gqa = kOn with q.dtype = float8_e4m3fn"}},
     {"q_descale_rank_1", [](ForwardArgs& a) { a.q_descale->rank = 1; }, kInvalid,
      {"q_descale.rank = 1", "expected 2 (batch, nheads_kv)"}},
     {"k_descale_float16", [](ForwardArgs& a) { a.k_descale->dtype = DType::kFloat16; }, kInvalid,
@@ -1558,6 +1556,8 @@ TEST_P(InvalidBlockScaledArguments, RejectedWithCodeAndNamedArgument) {
 }
 
 const InvalidCase kInvalidBlockScaledCases[] = {
+    {"pack_gqa_on", [](ForwardArgs& a) { a.pack_gqa = flashhop::PackGqa::kOn; }, kNotSupported,
+     {"pack_gqa = kOn with block scales"}},
     {"v_block_scale_missing", [](ForwardArgs& a) { a.v_block_scale.reset(); }, kInvalid,
      {"q_block_scale, k_block_scale and v_block_scale: 2 given, expected all three or none"}},
     {"with_descales",
@@ -1619,6 +1619,12 @@ TEST(Fp8Plan, TakesTheFp8RecipeOfTheMaskKindAndTheDescales) {
   EXPECT_EQ(plan.params.v_descale, a.v_descale->data);
   a.causal = true;
   EXPECT_STREQ(flashhop::detail::plan_forward(a, {}).recipe_of().name, "fp8_hdim128_local");
+  // Packed rows as for the other dtypes: on request, or where they fill the tiles better (decoding).
+  a.pack_gqa = flashhop::PackGqa::kOn;
+  EXPECT_STREQ(flashhop::detail::plan_forward(a, {}).recipe_of().name, "fp8_hdim128_local_packgqa");
+  a.pack_gqa = flashhop::PackGqa::kAuto;
+  a.q.shape[1] = a.o.shape[1] = a.lse->shape[2] = 1;
+  EXPECT_TRUE(flashhop::detail::plan_forward(a, {}).recipe_of().pack_gqa);
   // bfloat16 calls never take an FP8 recipe.
   EXPECT_FALSE(flashhop::detail::plan_forward(valid_args(), {}).recipe_of().fp8);
   // Block scales: their pointers and strides (a size-1 dimension's stride is never followed: 0).
@@ -1630,6 +1636,9 @@ TEST(Fp8Plan, TakesTheFp8RecipeOfTheMaskKindAndTheDescales) {
   EXPECT_EQ(plan.params.q_block_scale.head_stride, 1);
   EXPECT_EQ(plan.params.q_block_scale.block_stride, 0);
   EXPECT_EQ(plan.params.v_block_scale.data, blocks.v_block_scale->data);
+  // Block scales never take packed rows.
+  blocks.q.shape[1] = blocks.o.shape[1] = blocks.lse->shape[2] = 1;
+  EXPECT_FALSE(flashhop::detail::plan_forward(blocks, {}).recipe_of().pack_gqa);
 }
 
 // ---- backward ----------------------------------------------------------------------------------

@@ -196,12 +196,14 @@ def _rows():
         why="wide bands on 80-key tiles (D31); a loop per kind (D110)")
 
     # FP8: two consumer warpgroups (the transposer's register budget: barriers.h), key tiles of a
-    # multiple of 32 (P's A fragments), O in a buffer of its own (16-bit O does not fit 8-bit Q's).
+    # multiple of 32 (P's A fragments), O in a buffer of its own (16-bit O does not fit 8-bit Q's);
+    # packed rows on the same tiles.
     fp8_tiles = {(64, 64): 128, (96, 96): 128, (128, 128): 128, (192, 192): 96, (192, 128): 96, (256, 256): 64}
     for d, block_n in fp8_tiles.items():
         why = f"{block_n} keys: the widest multiple of 32 whose Q, K, V, V^T and O fit"
-        add(d, "nomask", fp8=True, block_m=128, block_n=block_n, loops="per_softcap", why=why)
-        add(d, "local", fp8=True, block_m=128, block_n=block_n, loops="whole_per_softcap", why=why)
+        for pack in (False, True):
+            add(d, "nomask", pack=pack, fp8=True, block_m=128, block_n=block_n, loops="per_softcap", why=why)
+            add(d, "local", pack=pack, fp8=True, block_m=128, block_n=block_n, loops="whole_per_softcap", why=why)
 
     for r in rows:
         r.derived.update(derive(r))

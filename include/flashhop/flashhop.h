@@ -152,14 +152,15 @@ struct ForwardArgs {
   // FP8, as FlashAttention-3's: q, k and v float8_e4m3fn, o bfloat16, and optional descales, float32
   // (batch, nheads_kv) with any strides (0 broadcasts one value; none: 1): the scores of (batch, KV
   // head) are softmax_scale q_descale k_descale times q.k of the e4m3 values, and its rows of O are
-  // v_descale times softmax(scores) V. P is quantized to e4m3 for P V. Fixed-length batches without
-  // packed GQA rows; every mask, soft-capping and head dim.
+  // v_descale times softmax(scores) V. P is quantized to e4m3 for P V. Fixed-length batches; every
+  // mask, soft-capping, head dim and packed GQA rows (pack_gqa).
   std::optional<TensorDesc> q_descale, k_descale, v_descale;
   // FP8 block scaling, instead of the descales: all three, float32, one scale per block of
   // kFp8ScaleBlockRows rows of a head (quantize_fp8's kPerBlock descales): q_block_scale (batch,
   // nheads, ceil(seqlen_q / 128)), k_block_scale and v_block_scale (batch, nheads_kv,
   // ceil(seqlen_k / 128)), any non-negative strides; row i of head h is its e4m3 value times
-  // scale[b][h][i / 128]. Head dims whose FP8 key tiles divide the blocks: all but 192.
+  // scale[b][h][i / 128]. Head dims whose FP8 key tiles divide the blocks: all but 192; unpacked
+  // rows (pack_gqa kOn is refused, kAuto does not pack).
   std::optional<TensorDesc> q_block_scale, k_block_scale, v_block_scale;
 };
 

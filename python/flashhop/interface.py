@@ -37,7 +37,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
     FP8, as FlashAttention-3's: q, k and v float8_e4m3fn, and q_descale, k_descale, v_descale
     None (1) or float32 (batch, nheads_kv) CUDA tensors: the scores are softmax_scale * q_descale *
     k_descale * q.k of the e4m3 values, out is v_descale * softmax(scores) v, in bfloat16 (forward
-    only; pack_gqa is not taken). Or, instead of the descales, block scales (flashhop's): float32
+    only). Or, instead of the descales, block scales (flashhop's, not with pack_gqa=True): float32
     q_block_scale (batch, nheads, ceil(seqlen_q / 128)), k_block_scale and v_block_scale (batch,
     nheads_kv, ceil(seqlen_k / 128)), one per 128 rows of a head, as quantize_fp8(scaling="per_block")
     gives them (head dims other than 192).

@@ -97,12 +97,15 @@ std::optional<int> find_recipe(int head_dim, int head_dim_v, bool local, bool pa
   return find(sm90::default_tile_choice(local));
 }
 
-// The FP8 recipe of the head dims and mask kind (one per pair; validation accepted only head dims
-// that have recipes).
-int fp8_recipe(int head_dim, int head_dim_v, bool local) {
+// The FP8 recipe of the head dims, mask kind and packing (one each; validation accepted only head
+// dims that have recipes).
+int fp8_recipe(int head_dim, int head_dim_v, bool local, bool pack_gqa) {
   for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
     const sm90::ForwardRecipe& r = kForwardRecipes[i];
-    if (r.fp8 && r.head_dim == head_dim && r.head_dim_v == head_dim_v && r.local() == local) return i;
+    if (r.fp8 && r.head_dim == head_dim && r.head_dim_v == head_dim_v && r.local() == local &&
+        r.pack_gqa == pack_gqa) {
+      return i;
+    }
   }
   return -1;
 }
@@ -316,8 +319,13 @@ ForwardPlan plan_forward(const ForwardArgs& args, const DeviceFacts& device) {
   const bool local = params.window_left < params.seqlen_k - 1 || params.window_right < params.seqlen_q - 1;
 
   if (args.q.dtype == DType::kFloat8E4M3) {
-    // FP8: the head dims' one recipe per mask kind (validation refused packed rows), and the descales.
-    plan.recipe = fp8_recipe(head_dim, head_dim_v, local);
+    // FP8: the head dims' recipe of the mask kind, packed rows as for the others (never with block
+    // scales, which validation refused packed), and the scales.
+    const bool pack_gqa = !args.q_block_scale &&
+                          use_pack_gqa(args.pack_gqa, params.seqlen_q, params.nheads / params.nheads_kv,
+                                       kForwardRecipes[fp8_recipe(head_dim, head_dim_v, local, false)].block_m,
+                                       kForwardRecipes[fp8_recipe(head_dim, head_dim_v, local, true)].block_m);
+    plan.recipe = fp8_recipe(head_dim, head_dim_v, local, pack_gqa);
     const auto descale = [](const std::optional<TensorDesc>& t, const float*& data, std::int64_t& batch_stride,
                             std::int64_t& head_stride) {
       if (!t) return;

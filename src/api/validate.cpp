@@ -345,10 +345,10 @@ Status check_fp8_kind(const ForwardArgs& args) {
                 args.page_table ? "page_table" : "cu_seqlens_q",
                 ": expected a fixed-length batch (the FP8 kernels are built for fixed-length batches)");
   }
-  if (args.pack_gqa == PackGqa::kOn) {
+  if (args.pack_gqa == PackGqa::kOn && args.q_block_scale) {
     return fail(StatusCode::kNotSupported,
-                "pack_gqa = kOn with q.dtype = float8_e4m3fn: expected kAuto or kOff (the FP8 kernels do not pack "
-                "query heads)");
+                "pack_gqa = kOn with block scales: expected kAuto or kOff (a packed query tile's rows come from "
+                "several heads' query blocks)");
   }
   return Status::success();
 }
