@@ -56,39 +56,6 @@ std::string name(const BackwardCase& c) {
 }
 void PrintTo(const BackwardCase& c, std::ostream* out) { *out << name(c); }
 
-// A contiguous device tensor with its host image.
-struct Tensor {
-  TensorDesc desc;
-  DeviceBuffer buffer;
-
-  Tensor(DType dtype, std::initializer_list<std::int64_t> shape)
-      : desc(flashhop::make_contiguous(nullptr, dtype, shape)), buffer(bytes_of(desc)) {
-    desc.data = buffer.data();
-  }
-  static std::size_t bytes_of(const TensorDesc& desc) {
-    std::size_t elements = 1;
-    for (int d = 0; d < desc.rank; ++d) elements *= static_cast<std::size_t>(desc.shape[d]);
-    return elements * flashhop::dtype_size(desc.dtype);
-  }
-  std::int64_t elements() const { return static_cast<std::int64_t>(bytes_of(desc) / flashhop::dtype_size(desc.dtype)); }
-  void upload(const std::vector<float>& values) {
-    std::vector<unsigned char> image(bytes_of(desc));
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      store_element(desc.dtype, values[i], &image[i * flashhop::dtype_size(desc.dtype)]);
-    }
-    buffer.upload(image);
-  }
-  void poison() { buffer.upload(poisoned_storage(desc.dtype, elements())); }
-  std::vector<float> download() const {
-    const std::vector<unsigned char> image = buffer.download();
-    std::vector<float> values(static_cast<std::size_t>(elements()));
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      values[i] = load_element(desc.dtype, &image[i * flashhop::dtype_size(desc.dtype)]);
-    }
-    return values;
-  }
-};
-
 struct Inputs {
   std::vector<float> q, k, v, dout;
 };
@@ -110,20 +77,20 @@ struct Gradients {
 // Forward then backward on the GPU; the gradients.
 std::optional<Gradients> run_backward(const BackwardCase& c, const Inputs& in, Status* failure) {
   const Problem& p = c.problem;
-  Tensor tq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
-  Tensor tk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
-  Tensor tv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
-  Tensor to(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()});
-  Tensor tdo(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()});
-  Tensor tlse(DType::kFloat32, {p.batch, p.nheads, p.seqlen_q});
-  Tensor tdq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
-  Tensor tdk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
-  Tensor tdv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
+  DeviceTensor tq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
+  DeviceTensor tk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
+  DeviceTensor tv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
+  DeviceTensor to(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()});
+  DeviceTensor tdo(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.dv()});
+  DeviceTensor tlse(DType::kFloat32, {p.batch, p.nheads, p.seqlen_q});
+  DeviceTensor tdq(c.dtype, {p.batch, p.seqlen_q, p.nheads, p.head_dim});
+  DeviceTensor tdk(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.head_dim});
+  DeviceTensor tdv(c.dtype, {p.batch, p.seqlen_k, p.nheads_kv, p.dv()});
   tq.upload(in.q);
   tk.upload(in.k);
   tv.upload(in.v);
   tdo.upload(in.dout);
-  for (Tensor* t : {&to, &tlse, &tdq, &tdk, &tdv}) t->poison();
+  for (DeviceTensor* t : {&to, &tlse, &tdq, &tdk, &tdv}) t->poison();
 
   const Masking& m = c.options.masking;
   flashhop::ForwardArgs forward;
@@ -326,20 +293,20 @@ std::optional<VarlenRun> run_varlen_backward(const VarlenBackwardCase& c, const 
   run.total_q = run.cu_q.back();
   run.total_k = run.cu_k.back();
   const int tq_rows = run.total_q, tk_rows = run.total_k;
-  Tensor tq(c.dtype, {tq_rows, c.nheads, c.head_dim});
-  Tensor tk(c.dtype, {tk_rows, c.nheads_kv, c.head_dim});
-  Tensor tv(c.dtype, {tk_rows, c.nheads_kv, c.head_dim_v});
-  Tensor to(c.dtype, {tq_rows, c.nheads, c.head_dim_v});
-  Tensor tdo(c.dtype, {tq_rows, c.nheads, c.head_dim_v});
-  Tensor tlse(DType::kFloat32, {c.nheads, tq_rows});
-  Tensor tdq(c.dtype, {tq_rows, c.nheads, c.head_dim});
-  Tensor tdk(c.dtype, {tk_rows, c.nheads_kv, c.head_dim});
-  Tensor tdv(c.dtype, {tk_rows, c.nheads_kv, c.head_dim_v});
+  DeviceTensor tq(c.dtype, {tq_rows, c.nheads, c.head_dim});
+  DeviceTensor tk(c.dtype, {tk_rows, c.nheads_kv, c.head_dim});
+  DeviceTensor tv(c.dtype, {tk_rows, c.nheads_kv, c.head_dim_v});
+  DeviceTensor to(c.dtype, {tq_rows, c.nheads, c.head_dim_v});
+  DeviceTensor tdo(c.dtype, {tq_rows, c.nheads, c.head_dim_v});
+  DeviceTensor tlse(DType::kFloat32, {c.nheads, tq_rows});
+  DeviceTensor tdq(c.dtype, {tq_rows, c.nheads, c.head_dim});
+  DeviceTensor tdk(c.dtype, {tk_rows, c.nheads_kv, c.head_dim});
+  DeviceTensor tdv(c.dtype, {tk_rows, c.nheads_kv, c.head_dim_v});
   tq.upload(in.q);
   tk.upload(in.k);
   tv.upload(in.v);
   tdo.upload(in.dout);
-  for (Tensor* t : {&to, &tlse, &tdq, &tdk, &tdv}) t->poison();
+  for (DeviceTensor* t : {&to, &tlse, &tdq, &tdk, &tdv}) t->poison();
   DeviceBuffer dcu_q = upload_ints(run.cu_q), dcu_k = upload_ints(run.cu_k), dused_q = upload_ints(used_q),
                dused_k = upload_ints(used_k);
 

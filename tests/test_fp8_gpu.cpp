@@ -48,39 +48,6 @@ std::string name(const Fp8Case& c) {
 }
 void PrintTo(const Fp8Case& c, std::ostream* out) { *out << name(c); }
 
-// A contiguous device tensor with its host values.
-struct DeviceTensor {
-  TensorDesc desc;
-  DeviceBuffer buffer;
-  DeviceTensor(DType dtype, std::initializer_list<std::int64_t> shape)
-      : desc(flashhop::make_contiguous(nullptr, dtype, shape)), buffer(bytes(desc)) {
-    desc.data = buffer.data();
-  }
-  static std::int64_t elements(const TensorDesc& d) {
-    std::int64_t n = 1;
-    for (int i = 0; i < d.rank; ++i) n *= d.shape[i];
-    return n;
-  }
-  static std::size_t bytes(const TensorDesc& d) {
-    return static_cast<std::size_t>(elements(d)) * flashhop::dtype_size(d.dtype);
-  }
-  void upload(const std::vector<float>& values) {
-    std::vector<unsigned char> image(bytes(desc));
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      store_element(desc.dtype, values[i], &image[i * flashhop::dtype_size(desc.dtype)]);
-    }
-    buffer.upload(image);
-  }
-  std::vector<float> download() const {
-    const std::vector<unsigned char> image = buffer.download();
-    std::vector<float> values(static_cast<std::size_t>(elements(desc)));
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      values[i] = load_element(desc.dtype, &image[i * flashhop::dtype_size(desc.dtype)]);
-    }
-    return values;
-  }
-};
-
 // e4m3 values of a standard normal times 16 (so that they use the format's range), and descales
 // drawn from [0.02, 0.1]: the dequantized inputs are of order one.
 std::vector<float> random_e4m3(std::int64_t count, std::mt19937& rng) {
@@ -146,8 +113,8 @@ TEST_P(Fp8ForwardGpu, MatchesTheReferenceOnDequantizedInputs) {
   tq.upload(q);
   tk.upload(k);
   tv.upload(v);
-  to.buffer.upload(poisoned_storage(DType::kBFloat16, DeviceTensor::elements(to.desc)));
-  tlse.buffer.upload(poisoned_storage(DType::kFloat32, DeviceTensor::elements(tlse.desc)));
+  to.poison();
+  tlse.poison();
   // Per head: (batch, nheads_kv) contiguous; broadcast: one value, strides 0.
   const bool broadcast = c.descales == Descales::kBroadcast;
   DeviceTensor tq_descale(DType::kFloat32, {broadcast ? 1 : p.batch, broadcast ? 1 : p.nheads_kv});

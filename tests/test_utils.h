@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -349,6 +350,39 @@ inline DeviceBuffer upload_ints(const std::vector<int>& values) {
   buffer.upload(image);
   return buffer;
 }
+
+// A contiguous device tensor read and written through host images of its values (as floats).
+struct DeviceTensor {
+  TensorDesc desc;
+  DeviceBuffer buffer;
+
+  DeviceTensor(DType dtype, std::initializer_list<std::int64_t> shape)
+      : desc(flashhop::make_contiguous(nullptr, dtype, shape)), buffer(bytes_of(desc)) {
+    desc.data = buffer.data();
+  }
+  static std::size_t bytes_of(const TensorDesc& desc) {
+    std::size_t elements = 1;
+    for (int d = 0; d < desc.rank; ++d) elements *= static_cast<std::size_t>(desc.shape[d]);
+    return elements * flashhop::dtype_size(desc.dtype);
+  }
+  std::int64_t elements() const { return static_cast<std::int64_t>(bytes_of(desc) / flashhop::dtype_size(desc.dtype)); }
+  void upload(const std::vector<float>& values) {
+    std::vector<unsigned char> image(bytes_of(desc));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      store_element(desc.dtype, values[i], &image[i * flashhop::dtype_size(desc.dtype)]);
+    }
+    buffer.upload(image);
+  }
+  void poison() { buffer.upload(poisoned_storage(desc.dtype, elements())); }
+  std::vector<float> download() const {
+    const std::vector<unsigned char> image = buffer.download();
+    std::vector<float> values(static_cast<std::size_t>(elements()));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = load_element(desc.dtype, &image[i * flashhop::dtype_size(desc.dtype)]);
+    }
+    return values;
+  }
+};
 
 // call(args, workspace, bytes, stream) with the workspace size(args, &bytes) asks for, poisoned so
 // that a kernel relying on its contents rather than on the call's own initialisation fails; waits
