@@ -70,12 +70,12 @@ TEST_P(Recipe, FitsTheKernelsLimits) {
   EXPECT_TRUE(!r.pack_gqa || r.tile_choice == flashhop::sm90::default_tile_choice(r.local())) << r.name;
   EXPECT_TRUE(r.local() || !r.mask_by_chunks) << r.name;
   // FP8: two consumer warpgroups (the transposer's register budget), key tiles of whole 32-column
-  // A fragments of P, O in its own buffer; fixed-length.
+  // A fragments of P, O in its own buffer; compiled for variable-length batches too.
   if (r.fp8) {
     EXPECT_EQ(r.block_m, 128) << r.name;
     EXPECT_EQ(r.block_n % 32, 0) << r.name;
     EXPECT_EQ(r.o_buffer, OBuffer::kOwn) << r.name;
-    EXPECT_FALSE(r.varlen) << r.name;
+    EXPECT_TRUE(r.varlen) << r.name;
   }
   // Each (head dims, mask, packing, choice, FP8) has one recipe.
   int same = 0;
@@ -104,14 +104,14 @@ TEST(RecipeLookup, EveryChoiceFindsARecipe) {
   EXPECT_FALSE(flashhop::detail::find_recipe(128, 64, false, false, kWide).has_value());
 }
 
-// The plan takes a head dim's variable-length kernel by mask kind and packed rows: one recipe each,
-// its O out through a buffer of its own or Q's (stored row by row).
+// The plan takes a head dim's variable-length kernel by mask kind, packed rows and input kind (FP8
+// or not): one recipe each, its O out through a buffer of its own or Q's (stored row by row).
 TEST(RecipeLookup, EachHeadDimMaskKindAndPackingHasOneVariableLengthRecipe) {
   for (const flashhop::sm90::ForwardRecipe& r : kForwardRecipes) {
     int varlen = 0;
     for (const flashhop::sm90::ForwardRecipe& other : kForwardRecipes) {
       varlen += other.varlen && other.head_dim == r.head_dim && other.head_dim_v == r.head_dim_v &&
-                other.local() == r.local() && other.pack_gqa == r.pack_gqa;
+                other.local() == r.local() && other.pack_gqa == r.pack_gqa && other.fp8 == r.fp8;
     }
     EXPECT_EQ(varlen, 1) << r.name;
     if (r.varlen) {

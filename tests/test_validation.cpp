@@ -783,6 +783,14 @@ ForwardArgs valid_varlen_args() {
 // Sets total_q in q, o and lse.
 void set_total_q(ForwardArgs& a, std::int64_t total_q) { a.q.shape[0] = a.o.shape[0] = a.lse->shape[1] = total_q; }
 
+// e4m3 q, k and v (o stays bfloat16) and float32 (batch, nheads_kv) descales, each 4 GiB apart.
+void set_fp8_varlen(ForwardArgs& a) {
+  a.q.dtype = a.k.dtype = a.v.dtype = DType::kFloat8E4M3;
+  a.q_descale = flashhop::make_contiguous(shifted(a.q.data, std::int64_t{20} << 32), DType::kFloat32, {3, 2});
+  a.k_descale = flashhop::make_contiguous(shifted(a.q.data, std::int64_t{21} << 32), DType::kFloat32, {3, 2});
+  a.v_descale = flashhop::make_contiguous(shifted(a.q.data, std::int64_t{22} << 32), DType::kFloat32, {3, 2});
+}
+
 // Sets the batch in cu_seqlens_q, cu_seqlens_k, seqused_q and seqused_k.
 void set_batch(ForwardArgs& a, std::int64_t batch) {
   a.cu_seqlens_q->shape[0] = a.cu_seqlens_k->shape[0] = batch + 1;
@@ -817,8 +825,8 @@ const InvalidCase kInvalidVarlenCases[] = {
      {"seqused_q.dtype = float16: expected int32"}},
     {"q_int32", [](ForwardArgs& a) { a.q.dtype = DType::kInt32; }, kInvalid,
      {"q.dtype = int32: expected float16, bfloat16 or float8_e4m3fn"}},
-    {"q_float8", [](ForwardArgs& a) { a.q.dtype = DType::kFloat8E4M3; }, kNotSupported,
-     {"q.dtype = float8_e4m3fn with cu_seqlens_q: expected a fixed-length batch"}},
+    {"q_float8_alone", [](ForwardArgs& a) { a.q.dtype = DType::kFloat8E4M3; }, kInvalid,
+     {"k.dtype = bfloat16", "the dtype of q"}},
     {"cu_seqlens_q_float8", [](ForwardArgs& a) { a.cu_seqlens_q->dtype = DType::kFloat8E4M3; }, kInvalid,
      {"cu_seqlens_q.dtype = float8_e4m3fn: expected int32"}},
     {"lse_bfloat16", [](ForwardArgs& a) { a.lse->dtype = DType::kBFloat16; }, kInvalid, {"lse.dtype = bfloat16"}},
@@ -940,6 +948,27 @@ const InvalidCase kInvalidVarlenCases[] = {
        a.lse->data = shifted(a.q.data, std::int64_t{1} << 37);
      },
      kInvalid, {"num_splits = 256", "nheads * num_splits query tiles, expected <= 2147418111"}},
+    // FP8: descales of (batch, nheads_kv), batch from cu_seqlens_q; no block scales
+    {"fp8_descale_of_total_q",
+     [](ForwardArgs& a) {
+       set_fp8_varlen(a);
+       a.q_descale->shape[0] = 100;
+     },
+     kInvalid, {"q_descale.shape[0] (batch) = 100", "expected 3 (cu_seqlens_q.shape[0] - 1)"}},
+    {"fp8_descale_per_query_head",
+     [](ForwardArgs& a) {
+       set_fp8_varlen(a);
+       a.v_descale->shape[1] = 8;
+     },
+     kInvalid, {"v_descale.shape[1] (nheads_kv) = 8", "expected 2"}},
+    {"fp8_block_scales",
+     [](ForwardArgs& a) {
+       set_fp8_varlen(a);
+       a.q_descale = a.k_descale = a.v_descale = std::nullopt;
+       a.q_block_scale = flashhop::make_contiguous(shifted(a.q.data, std::int64_t{1} << 40), DType::kFloat32, {3, 8, 1});
+       a.k_block_scale = a.v_block_scale = a.q_block_scale;
+     },
+     kNotSupported, {"block scales with cu_seqlens_q", "q_descale, k_descale and v_descale"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Varlen, InvalidVarlenArguments, ::testing::ValuesIn(kInvalidVarlenCases),
@@ -961,6 +990,12 @@ TEST_P(ValidVarlenArguments, AcceptedAndPlanned) {
 
 const ValidCase kValidVarlenCases[] = {
     {"three_sequences", [] { return valid_varlen_args(); }},
+    {"fp8_with_descales",
+     [] {
+       ForwardArgs a = valid_varlen_args();
+       set_fp8_varlen(a);
+       return a;
+     }},
     {"without_seqused",
      [] {
        ForwardArgs a = valid_varlen_args();
@@ -1451,11 +1486,9 @@ TEST(AppendKvValidation, NamesTheArgument) {
       {[](A& a) { a.q_rotated.reset(); }, {"q, q_rotated and cu_seqlens_q: expected all three or none"}},
       {[](A& a) { a.rotary_cos.reset(); a.rotary_sin.reset(); }, {"q is given without rotary_cos and rotary_sin"}},
       {[](A& a) { a.k_cache.rank = 3; }, {"k_cache.rank = 3", "(num_pages, page_size, nheads_kv, head_dim)"}},
-      {[](A& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kFloat32; }, {"k_cache.dtype = float32", "float16 or bfloat16"}},
+      {[](A& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kFloat32; }, {"k_cache.dtype = float32", "float16, bfloat16 or float8_e4m3fn"}},
       {[](A& a) { a.v_new.dtype = DType::kFloat16; }, {"v.dtype = float16", "the dtype of k_cache"}},
       {[](A& a) { a.cache_seqlens.dtype = DType::kFloat32; }, {"cache_seqlens.dtype = float32", "int32"}},
-      {[](A& a) { a.k_cache.dtype = a.v_cache.dtype = DType::kFloat8E4M3; },
-       {"k_cache.dtype = float8_e4m3fn: expected float16 or bfloat16"}},
       {[](A& a) { a.k_new.dtype = DType::kFloat8E4M3; }, {"k.dtype = float8_e4m3fn", "the dtype of k_cache"}},
       {[](A& a) { a.page_table.dtype = DType::kFloat8E4M3; }, {"page_table.dtype = float8_e4m3fn", "int32"}},
       {[](A& a) { a.page_table.shape[0] = 4; }, {"page_table.shape[0] (batch) = 4", "expected 3 (cu_seqlens_new.shape[0] - 1)"}},
@@ -1485,6 +1518,20 @@ TEST(AppendKvValidation, NamesTheArgument) {
   interleaved.k_cache.stride[0] = interleaved.v_cache.stride[0] = 2 * 16 * 2 * 128;
   interleaved.v_cache.data = shifted(interleaved.k_cache.data, 16 * 2 * 128 * 2);
   EXPECT_TRUE(flashhop::validate_append_kv(interleaved).ok()) << flashhop::validate_append_kv(interleaved).message;
+}
+
+// An e4m3 cache takes e4m3 rows as they are; rotating them is refused.
+TEST(AppendKvValidation, TakesFp8RowsWithoutRotation) {
+  flashhop::AppendKvArgs args = valid_append_args();
+  for (TensorDesc* t : {&args.k_cache, &args.v_cache, &args.k_new, &args.v_new}) t->dtype = DType::kFloat8E4M3;
+  const Status rotated = flashhop::validate_append_kv(args);
+  EXPECT_EQ(rotated.code, StatusCode::kNotSupported) << rotated.message;
+  EXPECT_NE(rotated.message.find("rotary_cos with k_cache.dtype = float8_e4m3fn"), std::string::npos) << rotated.message;
+  args.rotary_cos = args.rotary_sin = args.q = args.q_rotated = args.cu_seqlens_q = std::nullopt;
+  const Status copied = flashhop::validate_append_kv(args);
+  EXPECT_TRUE(copied.ok()) << copied.message;
+  args.v_new.dtype = DType::kBFloat16;
+  EXPECT_NE(flashhop::validate_append_kv(args).message.find("v.dtype = bfloat16"), std::string::npos);
 }
 
 // ---- FP8 ---------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@
 //   name no page, decoding (1 to 16 queries) and prefill, 1, 4 and 8 query heads per KV head; the
 //   slots of each sequence's last page past its keys hold large values that must not leak.
 // - Both: query heads packed into tiles or not, and keys split (partials merged by the combine
-//   kernel) or not, as the plan chooses and forced.
+//   kernel) or not, as the plan chooses and forced; FP8 (e4m3 inputs with per (sequence, KV head)
+//   descales, bfloat16 O) against the reference on the dequantized inputs.
 // - combine on its own against the merge in doubles; append_kv's rows in the cache against the
-//   rotation in doubles, and every other cache element unchanged.
+//   rotation in doubles (e4m3 rows copied exactly), and every other cache element unchanged.
 // O and LSE are poisoned (NaN) before the call: every used row must be written, every other row
 // left as it was. Skipped without a Hopper GPU and for kernels the build left out.
 #include <gtest/gtest.h>
@@ -50,6 +51,13 @@ struct Config {
   flashhop::PackGqa pack_gqa = flashhop::PackGqa::kAuto;
   int num_splits = 0;
 };
+
+// O's dtype: the inputs', bfloat16 for e4m3 ones.
+DType output_dtype(DType dtype) { return dtype == DType::kFloat8E4M3 ? DType::kBFloat16 : dtype; }
+
+const char* dtype_label(DType dtype) {
+  return dtype == DType::kBFloat16 ? "bf16" : dtype == DType::kFloat16 ? "fp16" : "e4m3";
+}
 
 // "", or "_packon" / "_packoff" and "_splits<n>" where the case sets them.
 std::string call_suffix(flashhop::PackGqa pack_gqa, int num_splits) {
@@ -150,7 +158,8 @@ void expect_sequence_matches(const Config& c, const float* qb, const float* kb, 
   }
   EXPECT_EQ(nan, 0) << "NaN in O or LSE";
   EXPECT_EQ(infinity_mismatches, 0) << "LSE is -inf exactly where no key is visible";
-  EXPECT_LE(o_error, flashhop::reference::o_tolerance(c.dtype, o_baseline, max_o, c.masking.softcap, max_v))
+  EXPECT_LE(o_error,
+            flashhop::reference::o_tolerance(output_dtype(c.dtype), o_baseline, max_o, c.masking.softcap, max_v))
       << "low-precision baseline error " << o_baseline;
   EXPECT_LE(lse_error, flashhop::reference::lse_tolerance(lse_baseline, c.masking.softcap));
 }
@@ -163,8 +172,8 @@ struct PoisonedOutputs {
   DeviceBuffer o, lse;
 
   PoisonedOutputs(const Config& c, int total_q)
-      : dtype(c.dtype), total_q(total_q), nheads(c.nheads), head_dim_v(c.head_dim_v),
-        o(std::size_t(total_q) * c.nheads * c.head_dim_v * flashhop::dtype_size(c.dtype)),
+      : dtype(output_dtype(c.dtype)), total_q(total_q), nheads(c.nheads), head_dim_v(c.head_dim_v),
+        o(std::size_t(total_q) * c.nheads * c.head_dim_v * flashhop::dtype_size(dtype)),
         lse(std::size_t(c.nheads) * total_q * sizeof(float)) {
     o.upload(poisoned_storage(dtype, std::int64_t{total_q} * nheads * head_dim_v));
     lse.upload(poisoned_storage(DType::kFloat32, std::int64_t{nheads} * total_q));
@@ -187,6 +196,43 @@ std::int64_t count_written(const Config& c, const std::vector<float>& o, const s
   }
   return written;
 }
+
+// FP8 calls' descales: q's, k's and v's (batch, nheads_kv), drawn from [0.5, 2], on the device;
+// none for other dtypes. The reference reads each sequence's rows dequantized (scaled()).
+struct Descales {
+  int nheads_kv;
+  std::vector<float> q, k, v;
+  DeviceBuffer dq, dk, dv;
+
+  Descales(const Config& c, int batch, std::mt19937& rng)
+      : nheads_kv(c.nheads_kv), q(draw(c, batch, rng)), k(draw(c, batch, rng)), v(draw(c, batch, rng)),
+        dq(upload_floats(q, DType::kFloat32)), dk(upload_floats(k, DType::kFloat32)),
+        dv(upload_floats(v, DType::kFloat32)) {}
+  static std::vector<float> draw(const Config& c, int batch, std::mt19937& rng) {
+    if (c.dtype != DType::kFloat8E4M3) return {};
+    std::uniform_real_distribution<float> uniform(0.5f, 2.f);
+    std::vector<float> values(std::size_t(batch) * c.nheads_kv);
+    for (float& x : values) x = uniform(rng);
+    return values;
+  }
+  void bind(flashhop::ForwardArgs& args, int batch) const {
+    if (q.empty()) return;
+    args.q_descale = flashhop::make_contiguous(dq.data(), DType::kFloat32, {batch, nheads_kv});
+    args.k_descale = flashhop::make_contiguous(dk.data(), DType::kFloat32, {batch, nheads_kv});
+    args.v_descale = flashhop::make_contiguous(dv.data(), DType::kFloat32, {batch, nheads_kv});
+  }
+  // `rows` rows of `heads` heads of `cols` of sequence b, each head times descale[b, its KV head].
+  std::vector<float> scaled(const std::vector<float>& descale, const float* x, int rows, int heads, int cols,
+                            int b) const {
+    std::vector<float> out(x, x + std::size_t(rows) * heads * cols);
+    if (descale.empty()) return out;
+    const int group = heads / nheads_kv;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i] *= descale[std::size_t(b) * nheads_kv + i / cols % heads / group];
+    }
+    return out;
+  }
+};
 
 // forward with the case's mask, packing and split options, on a stream of its own, with a workspace
 // of the size asked.
@@ -243,6 +289,7 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   PoisonedOutputs outputs(c.config(), total_q);
   DeviceBuffer dcu_q = upload_ints(cu_q), dcu_k = upload_ints(cu_k), dused_q = upload_ints(used_q),
                dused_k = upload_ints(used_k);
+  const Descales descales(c.config(), batch, rng);
 
   flashhop::ForwardArgs args;
   args.q = flashhop::make_contiguous(dq.data(), c.dtype, {total_q, c.nheads, c.head_dim});
@@ -257,6 +304,7 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
   }
   args.max_seqlen_q = max_q;
   args.max_seqlen_k = max_k;
+  descales.bind(args, batch);
   const Status status = run_forward(args, c.config());
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
@@ -268,8 +316,10 @@ TEST_P(VarlenGpu, EachSequenceMatchesTheReference) {
     const int sq = used_q[b], sk = used_k[b];
     SCOPED_TRACE(::testing::Message() << "sequence " << b << " (" << sq << " queries, " << sk << " keys)");
     if (sq > 0) {
-      expect_sequence_matches(c.config(), q.row(cu_q[b]), k.row(cu_k[b]), v.row(cu_k[b]), sq, sk, o, lse, cu_q[b],
-                              total_q);
+      const std::vector<float> qb = descales.scaled(descales.q, q.row(cu_q[b]), sq, c.nheads, c.head_dim, b);
+      const std::vector<float> kb = descales.scaled(descales.k, k.row(cu_k[b]), sk, c.nheads_kv, c.head_dim, b);
+      const std::vector<float> vb = descales.scaled(descales.v, v.row(cu_k[b]), sk, c.nheads_kv, c.head_dim_v, b);
+      expect_sequence_matches(c.config(), qb.data(), kb.data(), vb.data(), sq, sk, o, lse, cu_q[b], total_q);
     }
     untouched_violations += count_written(c.config(), o, lse, cu_q[b] + sq, cu_q[b + 1], total_q);
   }
@@ -306,7 +356,19 @@ std::vector<VarlenCase> cases() {
       }
     }
   }
-  // Packed query heads and splits by keys, forced both ways, at d = 64 (two CTAs per SM) and 128.
+  // FP8: every head dim, the masks of the fixed-length FP8 tests, with seqused and GQA.
+  for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {128, 128}, {192, 192}, {192, 128}, {256, 256}}) {
+    for (const auto& mask : masks) {
+      if (d != 128 && mask.masking.window_left >= 0) continue;
+      const std::string name = std::string("e4m3_d") + std::to_string(d) + (dv != d ? "x" + std::to_string(dv) : "") +
+                               "_" + mask.name + "_mixed_seqused_h8_kv2";
+      all.push_back({name, DType::kFloat8E4M3, d, dv, 8, 2, mask.masking, mixed, 5});
+    }
+    all.push_back({"e4m3_d" + std::to_string(d) + (dv != d ? "x" + std::to_string(dv) : "") + "_causal_equal_h2_kv1",
+                   DType::kFloat8E4M3, d, dv, 2, 1, masks[1].masking, equal});
+  }
+  // Packed query heads and splits by keys, forced both ways, at d = 64 (two CTAs per SM) and 128,
+  // and FP8's at d = 128.
   for (auto [d, dv] : {std::pair{64, 64}, {128, 128}}) {
     for (const auto& mask : masks) {
       for (auto [pack, splits] : {std::pair{flashhop::PackGqa::kOn, 1}, {flashhop::PackGqa::kOn, 3},
@@ -314,6 +376,10 @@ std::vector<VarlenCase> cases() {
         const std::string name = "bf16_d" + std::to_string(d) + "_" + mask.name + "_mixed_seqused_h8_kv2" +
                                  call_suffix(pack, splits);
         all.push_back({name, DType::kBFloat16, d, dv, 8, 2, mask.masking, mixed, 5, pack, splits});
+        if (d == 128) {
+          all.push_back({"e4m3" + name.substr(4), DType::kFloat8E4M3, d, dv, 8, 2, mask.masking, mixed, 5, pack,
+                         splits});
+        }
       }
     }
   }
@@ -388,6 +454,7 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
   DeviceBuffer dq = upload_packed(q, c.dtype), dk = upload_packed(k_cache, c.dtype), dv = upload_packed(v_cache, c.dtype);
   PoisonedOutputs outputs(c, total_q);
   DeviceBuffer dcu_q = upload_ints(cu_q), dkeys = upload_ints(keys), dtable = upload_ints(table);
+  const Descales descales(c, batch, rng);
 
   flashhop::ForwardArgs args;
   args.q = flashhop::make_contiguous(dq.data(), c.dtype, {total_q, c.nheads, c.head_dim});
@@ -399,6 +466,7 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
   args.page_table = flashhop::make_contiguous(dtable.data(), DType::kInt32, {batch, max_pages});
   args.max_seqlen_q = max_q;
   args.max_seqlen_k = max_k;
+  descales.bind(args, batch);
   const Status status = run_forward(args, c);
   if (status.code == StatusCode::kNotSupported) GTEST_SKIP() << status.message;
   ASSERT_TRUE(status.ok()) << status.message;
@@ -408,8 +476,12 @@ TEST_P(PagedGpu, EachSequenceMatchesTheReference) {
     const int sq = cu_q[b + 1] - cu_q[b];
     SCOPED_TRACE(::testing::Message() << "sequence " << b << " (" << sq << " queries, " << keys[b] << " keys)");
     if (sq > 0) {
-      expect_sequence_matches(c, q.row(cu_q[b]), k_of[b].values.data(), v_of[b].values.data(), sq, keys[b], o, lse,
-                              cu_q[b], total_q);
+      const std::vector<float> qb = descales.scaled(descales.q, q.row(cu_q[b]), sq, c.nheads, c.head_dim, b);
+      const std::vector<float> kb = descales.scaled(descales.k, k_of[b].values.data(), keys[b], c.nheads_kv,
+                                                    c.head_dim, b);
+      const std::vector<float> vb = descales.scaled(descales.v, v_of[b].values.data(), keys[b], c.nheads_kv,
+                                                    c.head_dim_v, b);
+      expect_sequence_matches(c, qb.data(), kb.data(), vb.data(), sq, keys[b], o, lse, cu_q[b], total_q);
     }
   }
 }
@@ -426,7 +498,7 @@ std::vector<PagedCase> paged_cases() {
   std::vector<PagedCase> all;
   const auto add = [&](DType dtype, int d, int dv, int page, int nheads, int nheads_kv, const auto& mask, bool decoding,
                        flashhop::PackGqa pack = flashhop::PackGqa::kAuto, int splits = 0) {
-    const std::string name = std::string(dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" + std::to_string(d) +
+    const std::string name = std::string(dtype_label(dtype)) + "_d" + std::to_string(d) +
                              (dv != d ? "x" + std::to_string(dv) : "") + "_page" + std::to_string(page) + "_" +
                              mask.name + "_h" + std::to_string(nheads) + "_kv" + std::to_string(nheads_kv) +
                              (decoding ? "_decode" : "_prefill") + call_suffix(pack, splits);
@@ -449,9 +521,18 @@ std::vector<PagedCase> paged_cases() {
       }
     }
   }
-  // Every head dim and fp16 at pages of 16, and of 2 and 1 (odd pages are not supported at d = 96),
-  // decoding also packed and split.
-  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+  // FP8 at d = 128: pages of 1, 16 and 256, decoding and prefill, packed and split.
+  for (int page : {1, 16, 256}) {
+    for (const auto& mask : masks) {
+      add(DType::kFloat8E4M3, 128, 128, page, 8, 2, mask, true);
+      add(DType::kFloat8E4M3, 128, 128, page, 4, 2, mask, false);
+    }
+    add(DType::kFloat8E4M3, 128, 128, page, 8, 2, masks[1], true, flashhop::PackGqa::kOn, 7);
+    add(DType::kFloat8E4M3, 128, 128, page, 8, 2, masks[0], true, flashhop::PackGqa::kOff, 4);
+  }
+  // Every head dim, fp16 and e4m3 at pages of 16, and of 2 and 1 (odd pages are not supported at
+  // d = 96), decoding also packed and split.
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat8E4M3}) {
     for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {192, 192}, {192, 128}, {256, 256}}) {
       for (int page : {2, 16}) {
         add(dtype, d, dv, page, 4, 1, masks[1], true);
@@ -562,11 +643,13 @@ INSTANTIATE_TEST_SUITE_P(Grid, CombineGpu,
 
 // flashhop::append_kv on a paged cache: each new key row lands rotated (against the rotation in
 // doubles of the rounded inputs), each value row as it is, every other cache element unchanged,
-// rows past a sequence's pages left out; queries rotated at their positions. Both pairings.
+// rows past a sequence's pages left out; queries rotated at their positions. Both pairings; e4m3
+// caches take their rows unrotated (no tables), bit for bit.
 struct AppendCase {
   DType dtype;
   bool interleaved, advance;
   int page_size;
+  bool rotary = true;
 };
 
 using AppendKvGpu = GpuTestWithParam<AppendCase>;
@@ -611,21 +694,23 @@ TEST_P(AppendKvGpu, WritesRotatedRowsAndNothingElse) {
   args.k_new = make_contiguous(dk_new.data(), c.dtype, {total_new, heads_kv, d});
   args.v_new = make_contiguous(dv_new.data(), c.dtype, {total_new, heads_kv, d});
   args.cu_seqlens_new = make_contiguous(dcu_new.data(), DType::kInt32, {batch + 1});
-  args.rotary_cos = make_contiguous(dcos.data(), c.dtype, {seqlen_ro, rotary_dim / 2});
-  args.rotary_sin = make_contiguous(dsin.data(), c.dtype, {seqlen_ro, rotary_dim / 2});
-  args.rotary_interleaved = c.interleaved;
-  args.q = make_contiguous(dq.data(), c.dtype, {total_q, heads, d});
-  args.q_rotated = make_contiguous(dq_rotated.data(), c.dtype, {total_q, heads, d});
-  args.cu_seqlens_q = make_contiguous(dcu_q.data(), DType::kInt32, {batch + 1});
-  args.q_positions_advance = c.advance;
+  if (c.rotary) {
+    args.rotary_cos = make_contiguous(dcos.data(), c.dtype, {seqlen_ro, rotary_dim / 2});
+    args.rotary_sin = make_contiguous(dsin.data(), c.dtype, {seqlen_ro, rotary_dim / 2});
+    args.rotary_interleaved = c.interleaved;
+    args.q = make_contiguous(dq.data(), c.dtype, {total_q, heads, d});
+    args.q_rotated = make_contiguous(dq_rotated.data(), c.dtype, {total_q, heads, d});
+    args.cu_seqlens_q = make_contiguous(dcu_q.data(), DType::kInt32, {batch + 1});
+    args.q_positions_advance = c.advance;
+  }
   const Status status = flashhop::append_kv(args, nullptr);
   ASSERT_TRUE(status.ok()) << status.message;
   const std::vector<float> k_after = download_as_floats(dk_cache, c.dtype), v_after = download_as_floats(dv_cache, c.dtype);
   const std::vector<float> q_after = download_as_floats(dq_rotated, c.dtype);
 
-  // x (heads of d) rotated at `position`, in doubles.
+  // x (heads of d) rotated at `position`, in doubles (as it is without rotary tables).
   const auto rotated = [&](const float* x, int position, int element) {
-    if (element >= rotary_dim) return double(x[element]);
+    if (!c.rotary || element >= rotary_dim) return double(x[element]);
     const int half = rotary_dim / 2;
     int j, first, second;
     bool is_first;
@@ -637,7 +722,7 @@ TEST_P(AppendKvGpu, WritesRotatedRowsAndNothingElse) {
     const double cs = cos[std::size_t(position) * half + j], sn = sin[std::size_t(position) * half + j];
     return is_first ? x[first] * cs - x[second] * sn : x[first] * sn + x[second] * cs;
   };
-  const double tolerance = c.dtype == DType::kBFloat16 ? 2e-2 : 2e-3;
+  const double tolerance = !c.rotary ? 0.0 : c.dtype == DType::kBFloat16 ? 2e-2 : 2e-3;  // rows copied: exact
   std::vector<float> k_expected = k_cache, v_expected = v_cache;
   std::int64_t rotation_mismatches = 0;
   for (int b = 0; b < batch; ++b) {
@@ -655,7 +740,7 @@ TEST_P(AppendKvGpu, WritesRotatedRowsAndNothingElse) {
         }
       }
     }
-    for (int i = 0; i < cu_q[b + 1] - cu_q[b]; ++i) {
+    for (int i = 0; c.rotary && i < cu_q[b + 1] - cu_q[b]; ++i) {
       const int position = cached[b] + (c.advance ? i : 0), row = cu_q[b] + i;
       for (int e = 0; e < heads * d; ++e) {
         const double want = rotated(&q[(std::size_t(row) * heads + e / d) * d], position, e % d);
@@ -670,12 +755,14 @@ TEST_P(AppendKvGpu, WritesRotatedRowsAndNothingElse) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, AppendKvGpu,
                          ::testing::Values(AppendCase{DType::kBFloat16, true, true, 16}, AppendCase{DType::kBFloat16, false, false, 1},
-                                           AppendCase{DType::kFloat16, true, false, 64}, AppendCase{DType::kFloat16, false, true, 256}),
+                                           AppendCase{DType::kFloat16, true, false, 64}, AppendCase{DType::kFloat16, false, true, 256},
+                                           AppendCase{DType::kFloat8E4M3, false, false, 16, false},
+                                           AppendCase{DType::kFloat8E4M3, false, false, 1, false}),
                          [](const ::testing::TestParamInfo<AppendCase>& info) {
                            const AppendCase& c = info.param;
-                           return std::string(c.dtype == DType::kBFloat16 ? "bf16" : "fp16") +
-                                  (c.interleaved ? "_interleaved" : "_halves") + (c.advance ? "_advancing" : "_same") +
-                                  "_page" + std::to_string(c.page_size);
+                           if (!c.rotary) return std::string(dtype_label(c.dtype)) + "_unrotated_page" + std::to_string(c.page_size);
+                           return std::string(dtype_label(c.dtype)) + (c.interleaved ? "_interleaved" : "_halves") +
+                                  (c.advance ? "_advancing" : "_same") + "_page" + std::to_string(c.page_size);
                          });
 
 }  // namespace

@@ -123,8 +123,8 @@ def derive(r):
                                   and r.block_n < r.block_m),
         # Also compiled for variable-length batches: each head dim's rows of the mask kind's default
         # choice, packed and not (plan.cpp takes them for every variable-length call), where O
-        # leaves through its own buffer or Q's (stored row by row); not FP8's yet.
-        "varlen": r.choice == DEFAULT_CHOICE[r.mask] and o_buffer != "take_turns" and not r.fp8,
+        # leaves through its own buffer or Q's (stored row by row).
+        "varlen": r.choice == DEFAULT_CHOICE[r.mask] and o_buffer != "take_turns",
     }
 
 

@@ -260,15 +260,17 @@ def _bound(value):
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, out, lse,
                    softmax_scale, causal, window_left, window_right, softcap, pack_gqa, page_table=None,
-                   num_splits=0, leftpad_k=None):
+                   num_splits=0, leftpad_k=None, descales=(None, None, None)):
     """Runs the variable-length forward into `out` (total_q, nheads, head_dim_v) and `lse` (nheads,
     total_q) on the current stream of q's device, which must be the current device; with
     `page_table`, k and v are a paged cache (num_pages, page_size, nheads_kv, d) and cu_seqlens_k is
     None. num_splits: splits by keys (0: the library chooses); leftpad_k: each sequence's first key
-    row of its slot."""
+    row of its slot; descales: q's, k's and v's (FP8 inputs) or None each."""
     descs = {"lse": _describe("lse", lse), "cu_seqlens_q": _describe("cu_seqlens_q", cu_seqlens_q)}
+    q_descale, k_descale, v_descale = descales
     for name, tensor in (("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q), ("seqused_k", seqused_k),
-                         ("page_table", page_table), ("leftpad_k", leftpad_k)):
+                         ("page_table", page_table), ("leftpad_k", leftpad_k), ("q_descale", q_descale),
+                         ("k_descale", k_descale), ("v_descale", v_descale)):
         if tensor is not None:
             descs[name] = _describe(name, tensor)
     pointers = {name: ctypes.pointer(desc) for name, desc in descs.items()}

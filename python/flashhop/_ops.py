@@ -126,7 +126,7 @@ _VARLEN_LAYOUTS = {"q": "(total_q, nheads, head_dim)", "v": "(total_k, nheads_kv
 
 
 def _empty_varlen_outputs(q, v):
-    """out (total_q, nheads, head_dim_v) in q's dtype and lse (nheads, total_q) in float32,
+    """out (total_q, nheads, head_dim_v) in _out_dtype(q) and lse (nheads, total_q) in float32,
     FlashAttention-3's variable-length layout; as _empty_outputs, only the ranks these shapes are
     read from are checked here."""
     for name, tensor in (("q", q), ("v", v)):
@@ -134,7 +134,7 @@ def _empty_varlen_outputs(q, v):
             raise ValueError(f"flashhop: {name}.rank = {tensor.dim()}: expected 3 {_VARLEN_LAYOUTS[name]} "
                              "with cu_seqlens")
     total_q, nheads, _ = q.shape
-    out = q.new_empty((total_q, nheads, v.shape[2]))
+    out = q.new_empty((total_q, nheads, v.shape[2]), dtype=_out_dtype(q))
     lse = q.new_empty((nheads, total_q), dtype=torch.float32)
     return out, lse
 
@@ -144,28 +144,35 @@ def varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
                cu_seqlens_k: torch.Tensor, seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
                window_right: int, softcap: float, pack_gqa: Optional[bool] = None,
-               deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+               deterministic: bool = False, q_descale: Optional[torch.Tensor] = None,
+               k_descale: Optional[torch.Tensor] = None,
+               v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashhop::fwd over a packed batch: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of
     q (total_q, nheads, head_dim) and rows cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (total_k,
     nheads_kv, head_dim[_v]), of which the first seqused_q[b] / seqused_k[b] are used where given;
     masks align to each sequence's own bottom-right corner. max_seqlen_q / max_seqlen_k bound the
     lengths (>= 1). Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q); rows past
-    seqused_q are left as torch.empty made them. deterministic is for the backward (varlen_bwd)."""
+    seqused_q are left as torch.empty made them. deterministic is for the backward (varlen_bwd).
+    FP8: float8_e4m3fn q, k and v with optional float32 (batch, nheads_kv) descales; out is bfloat16
+    (forward only)."""
     tensors = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
-               ("seqused_q", seqused_q), ("seqused_k", seqused_k))
+               ("seqused_q", seqused_q), ("seqused_k", seqused_k), ("q_descale", q_descale),
+               ("k_descale", k_descale), ("v_descale", v_descale))
     for name, tensor in tensors:
         if tensor is not None and tensor.device.type != "cuda":
             raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
     out, lse = _empty_varlen_outputs(q, v)
     with torch.cuda.device(q.device):
         _c_api.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                              out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa)
+                              out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa,
+                              descales=(q_descale, k_descale, v_descale))
     return out, lse
 
 
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False):
+                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, deterministic=False,
+                     q_descale=None, k_descale=None, v_descale=None):
     return _empty_varlen_outputs(q, v)
 
 
@@ -192,7 +199,8 @@ def _varlen_bwd_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, se
 
 
 def _varlen_save_for_backward(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *options, _pack_gqa, deterministic = inputs
+    # varlen_bwd takes no pack_gqa and no descales (FP8 has no backward).
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *options, _pack_gqa, deterministic = inputs[:-3]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ctx.options = options  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap
@@ -201,10 +209,12 @@ def _varlen_save_for_backward(ctx, inputs, output):
 
 def _varlen_fwd_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, *indices = ctx.saved_tensors
+    if q.dtype == torch.float8_e4m3fn:
+        raise NotImplementedError("flashhop: FP8 (float8_e4m3fn) attention has no backward")
     grad_q, grad_k, grad_v = torch.ops.flashhop.varlen_bwd(grad_out, q, k, v, out, lse, *indices, *ctx.options,
                                                           ctx.deterministic)
-    # None for the index tensors, the options, pack_gqa and deterministic.
-    return (grad_q, grad_k, grad_v) + (None,) * (len(indices) + len(ctx.options) + 2)
+    # None for the index tensors, the options, pack_gqa, deterministic and the three descales.
+    return (grad_q, grad_k, grad_v) + (None,) * (len(indices) + len(ctx.options) + 5)
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_save_for_backward)
@@ -215,16 +225,20 @@ def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
               cu_seqlens_q: torch.Tensor, seqused_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
               softcap: float, pack_gqa: Optional[bool] = None, num_splits: int = 0,
-              leftpad_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+              leftpad_k: Optional[torch.Tensor] = None, q_descale: Optional[torch.Tensor] = None,
+              k_descale: Optional[torch.Tensor] = None,
+              v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """flashhop::varlen_fwd's queries over a paged KV cache: k_cache and v_cache (num_pages,
     page_size, nheads_kv, head_dim[_v]); key j of sequence b is row j % page_size of page
     page_table[b, j // page_size], and sequence b has seqused_k[b] keys (from row leftpad_k[b] on,
     where given: one page per sequence). num_splits: splits by keys (0: the library chooses).
-    Returns out (total_q, nheads, head_dim_v) and lse (nheads, total_q)."""
+    FP8: a float8_e4m3fn cache and q, descales as varlen_fwd's. Returns out (total_q, nheads,
+    head_dim_v) and lse (nheads, total_q)."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
-               ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k))
+               ("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k), ("q_descale", q_descale),
+               ("k_descale", k_descale), ("v_descale", v_descale))
     for name, tensor in tensors:
-        if tensor.device.type != "cuda":
+        if tensor is not None and tensor.device.type != "cuda":
             raise ValueError(f"flashhop: {name} is on {tensor.device}: expected a CUDA tensor")
     if v_cache.dim() != 4:
         raise ValueError(f"flashhop: v_cache.rank = {v_cache.dim()}: expected 4 "
@@ -233,14 +247,15 @@ def paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pag
     with torch.cuda.device(q.device):
         _c_api.varlen_forward(q, k_cache, v_cache, cu_seqlens_q, None, None, seqused_k, max_seqlen_q, max_seqlen_k,
                               out, lse, softmax_scale, causal, window_left, window_right, softcap, pack_gqa,
-                              page_table=page_table, num_splits=num_splits, leftpad_k=leftpad_k)
+                              page_table=page_table, num_splits=num_splits, leftpad_k=leftpad_k,
+                              descales=(q_descale, k_descale, v_descale))
     return out, lse
 
 
 @paged_fwd.register_fake
 def _paged_fwd_fake(q, k_cache, v_cache, page_table, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, causal, window_left, window_right, softcap, pack_gqa=None, num_splits=0,
-                    leftpad_k=None):
+                    leftpad_k=None, q_descale=None, k_descale=None, v_descale=None):
     return _empty_varlen_outputs(q, v_cache[0])
 
 

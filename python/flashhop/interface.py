@@ -54,7 +54,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, *, window_size=(-
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
                            seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           pack_gqa=None, deterministic=False, return_attn_probs=False):
+                           pack_gqa=None, deterministic=False, return_attn_probs=False, q_descale=None,
+                           k_descale=None, v_descale=None):
     """Exact attention over a packed batch of sequences of different lengths, as
     FlashAttention-3's function of this name; differentiable through torch.ops.flashhop.varlen_bwd.
 
@@ -69,6 +70,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     softmax_scale, causal, window_size, softcap, pack_gqa: as flash_attn_func's, each sequence's mask
     aligned to its own bottom-right corner. deterministic: as flash_attn_func's; the gradients' rows
     outside every sequence's used rows are 0.
+    q_descale, k_descale, v_descale: FP8 inputs' descales, (batch, nheads_kv), as flash_attn_func's
+    (block scales are for fixed-length batches).
     Returns out (total_q, nheads, head_dim_v), and with return_attn_probs also softmax_lse (nheads,
     total_q) in float32, as FlashAttention-3 does.
     """
@@ -87,7 +90,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         bounds.append(max(value, 1))
     out, softmax_lse = torch.ops.flashhop.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                                                      *bounds, softmax_scale, causal, window_left, window_right,
-                                                     softcap, pack_gqa, deterministic)
+                                                     softcap, pack_gqa, deterministic, q_descale, k_descale,
+                                                     v_descale)
     return (out, softmax_lse) if return_attn_probs else out
 
 
@@ -95,7 +99,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
                             cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, num_splits=0, pack_gqa=None, return_softmax_lse=False):
+                            rotary_interleaved=True, num_splits=0, pack_gqa=None, return_softmax_lse=False,
+                            q_descale=None, k_descale=None, v_descale=None):
     """Attention of new queries over a KV cache, as FlashAttention-3's function of this name, for
     decoding and chunked prefill.
 
@@ -127,6 +132,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     leaves such rows out of the cache and unrotated.
     cache_leftpad: int32 (batch), contiguous caches only: sequence b's keys are rows
     cache_leftpad[b] .. cache_seqlens[b] of its cache entry (positions stay the rows').
+    FP8: q and the cache float8_e4m3fn (k and v too, appended as they are: no rotary tables), with
+    q_descale, k_descale, v_descale as flash_attn_func's, (batch, nheads_kv); out is bfloat16.
     Returns out in q's layout with head_dim_v, and with return_softmax_lse also softmax_lse in
     float32: (batch, nheads, seqlen_q), or (nheads, total_q) with cu_seqlens_q.
     """
@@ -196,7 +203,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out, softmax_lse = torch.ops.flashhop.paged_fwd(queries, k_cache, v_cache, table, cu_seqlens, keys,
                                                     max(bound_q, 1), max(capacity, 1), softmax_scale, causal,
                                                     window_left, window_right, softcap, pack_gqa, num_splits,
-                                                    cache_leftpad)
+                                                    cache_leftpad, q_descale, k_descale, v_descale)
     if cu_seqlens_q is None:
         out = out.view(batch, q.shape[1], q.shape[2], out.shape[2])
         softmax_lse = softmax_lse.view(q.shape[2], batch, q.shape[1]).permute(1, 0, 2)

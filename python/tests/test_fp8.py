@@ -73,3 +73,84 @@ def test_has_no_backward():
     out = skip_unless_built(flashhop.flash_attn_func, q, k, v)
     with pytest.raises((NotImplementedError, RuntimeError)):
         out.float().sum().backward()
+
+
+def test_fake_varlen_and_paged_implementations_give_a_bfloat16_out():
+    q, k, v, qd, kd, vd = _fp8_inputs(1, 12, 20, 4, 2, 64, device="meta")
+    cu = torch.zeros(3, dtype=torch.int32, device="meta")
+    out, lse = torch.ops.flashhop.varlen_fwd(q[0], k[0], v[0], cu, cu, None, None, 8, 12, None, True, -1, 0, 0.0,
+                                             None, False, qd, kd, vd)
+    assert (out.shape, out.dtype, lse.shape) == ((12, 4, 64), torch.bfloat16, (4, 12))
+    table = torch.zeros(2, 3, dtype=torch.int32, device="meta")
+    used = torch.zeros(2, dtype=torch.int32, device="meta")
+    out, _ = torch.ops.flashhop.paged_fwd(q[0], k.view(4, 5, 2, 64), v.view(4, 5, 2, 64), table, cu, used, 8, 15,
+                                          None, True, -1, 0, 0.0, None, 0, None, qd, kd, vd)
+    assert (out.shape, out.dtype) == ((12, 4, 64), torch.bfloat16)
+
+
+def _expect_close_to_dequantized(out, q64, k64, v64, causal):
+    """out (seqlen_q, nheads, d) of one sequence against float64 attention of its dequantized rows,
+    under the bound of the module docstring."""
+    expected, _ = attention_reference(q64[None], k64[None], v64[None], causal=causal, dtype=torch.float64)
+    bound = 2 ** -4 * v64.abs().amax().item() + 2 ** -8 * expected.abs().amax().item()
+    assert (out.double() - expected[0]).abs().max().item() <= bound
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_matches_each_sequence_dequantized(causal):
+    lengths_q, lengths_k = [1, 130, 0, 300], [200, 130, 5, 257]
+    batch, nheads, nheads_kv, d = len(lengths_q), 8, 2, 128
+    q, k, v, *_ = _fp8_inputs(1, sum(lengths_q), sum(lengths_k), nheads, nheads_kv, d)
+    *_, qd, kd, vd = _fp8_inputs(batch, 1, 1, nheads_kv, nheads_kv, d, seed=1)  # per (sequence, KV head)
+    cu_q, cu_k = ([sum(lengths[:b]) for b in range(batch + 1)] for lengths in (lengths_q, lengths_k))
+    out = skip_unless_built(flashhop.flash_attn_varlen_func, q[0], k[0], v[0],
+                            torch.tensor(cu_q, dtype=torch.int32, device="cuda"),
+                            torch.tensor(cu_k, dtype=torch.int32, device="cuda"), max(lengths_q), max(lengths_k),
+                            causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    assert out.dtype == torch.bfloat16
+    for b in range(batch):
+        if lengths_q[b] == 0:
+            continue
+        rows_q, rows_k = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        q64, k64, v64 = (_dequantized(x[:, rows], scale[b:b + 1])[0]
+                         for x, rows, scale in ((q, rows_q, qd), (k, rows_k, kd), (v, rows_k, vd)))
+        _expect_close_to_dequantized(out[rows_q], q64, k64, v64, causal)
+
+
+@requires_hopper
+def test_kvcache_appends_and_attends_an_fp8_paged_cache():
+    batch, nheads, nheads_kv, d, page, max_pages = 3, 8, 2, 128, 16, 8
+    cached, new = [20, 0, 100], 2
+    q, _, _, qd, kd, vd = _fp8_inputs(batch, 1, 1, nheads, nheads_kv, d)
+    _, k_cache, v_cache, *_ = _fp8_inputs(1, batch * max_pages * page, batch * max_pages * page, 1, nheads_kv, d,
+                                          seed=2)
+    k_cache = k_cache.view(batch * max_pages, page, nheads_kv, d).contiguous()
+    v_cache = v_cache.view(batch * max_pages, page, nheads_kv, d).contiguous()
+    _, k_new, v_new, *_ = _fp8_inputs(batch, 1, new, 1, nheads_kv, d, seed=3)
+    table = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(4)).to(torch.int32)
+    table = table.view(batch, max_pages).cuda()
+    seqlens = torch.tensor(cached, dtype=torch.int32, device="cuda")
+    out = skip_unless_built(flashhop.flash_attn_with_kvcache, q, k_cache, v_cache, k=k_new, v=v_new,
+                            cache_seqlens=seqlens, page_table=table, causal=True, q_descale=qd, k_descale=kd,
+                            v_descale=vd)
+    assert out.dtype == torch.bfloat16
+    for b in range(batch):
+        keys = cached[b] + new
+        rows = [table[b, j // page].item() * page + j % page for j in range(keys)]
+        k_seq = k_cache.view(-1, nheads_kv, d)[rows]
+        v_seq = v_cache.view(-1, nheads_kv, d)[rows]
+        assert torch.equal(k_seq[cached[b]:].view(torch.uint8), k_new[b].view(torch.uint8))
+        q64, k64, v64 = (_dequantized(x[None], scale[b:b + 1])[0]
+                         for x, scale in ((q[b], qd), (k_seq, kd), (v_seq, vd)))
+        _expect_close_to_dequantized(out[b], q64, k64, v64, True)
+
+
+@requires_hopper
+def test_kvcache_refuses_rotary_tables_with_an_fp8_cache():
+    q, k, v, *_ = _fp8_inputs(1, 1, 32, 2, 2, 128)
+    cos = torch.ones(64, 32, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(Exception, match="rotary_cos with k_cache.dtype = float8_e4m3fn"):
+        flashhop.flash_attn_with_kvcache(q, k.clone(), v.clone(), k=k[:, :1], v=v[:, :1], rotary_cos=cos,
+                                         rotary_sin=cos, cache_seqlens=torch.tensor([4], dtype=torch.int32,
+                                                                                    device="cuda"))

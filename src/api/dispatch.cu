@@ -105,8 +105,9 @@ Status launch_backward(const BackwardPlan& plan, cudaStream_t stream) {
 Status launch_append_kv(const sm90::AppendKvParams& params, DType dtype, cudaStream_t stream) {
   if (dtype == DType::kBFloat16) return sm90::launch_append_kv<cutlass::bfloat16_t>(params, stream);
   if (dtype == DType::kFloat16) return sm90::launch_append_kv<cutlass::half_t>(params, stream);
+  if (dtype == DType::kFloat8E4M3) return sm90::launch_append_kv<cutlass::float_e4m3_t>(params, stream);
   return {StatusCode::kInvalidArgument, std::string("k_cache.dtype = ") + dtype_name(dtype) +
-                                            ": expected float16 or bfloat16"};
+                                            ": expected float16, bfloat16 or float8_e4m3fn"};
 }
 
 Status launch_quantize_fp8(const sm90::Fp8QuantizeParams& params, DType dtype, cudaStream_t stream) {

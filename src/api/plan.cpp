@@ -212,13 +212,14 @@ ForwardPlan plan_varlen_forward(const ForwardArgs& args, const DeviceFacts& devi
   as_fixed.max_seqlen_q = as_fixed.max_seqlen_k = 0;
   as_fixed.pack_gqa = PackGqa::kOff;
   ForwardPlan plan = plan_forward(as_fixed, device);
-  // The variable-length recipes of the mask kind, unpacked and packed; packing as for the bounds.
-  const bool local = plan.recipe_of().local();
+  // The variable-length recipes of the mask kind and input kind (FP8 or not), unpacked and packed;
+  // packing as for the bounds. The FP8 plan above set the descales.
+  const sm90::ForwardRecipe& fixed = plan.recipe_of();
   const auto varlen_recipe = [&](bool pack_gqa) {
     for (int i = 0; i < sm90::kNumForwardRecipes; ++i) {
       const sm90::ForwardRecipe& r = kForwardRecipes[i];
-      if (r.varlen && r.head_dim == plan.recipe_of().head_dim && r.head_dim_v == plan.recipe_of().head_dim_v &&
-          r.local() == local && r.pack_gqa == pack_gqa) {
+      if (r.varlen && r.fp8 == fixed.fp8 && r.head_dim == fixed.head_dim && r.head_dim_v == fixed.head_dim_v &&
+          r.local() == fixed.local() && r.pack_gqa == pack_gqa) {
         return i;
       }
     }

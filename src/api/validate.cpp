@@ -310,6 +310,16 @@ Status check_pack_gqa(const ForwardArgs& args, std::int64_t packed, const char* 
   return invalid("pack_gqa = ", static_cast<int>(args.pack_gqa), ": expected PackGqa::kAuto, kOff or kOn");
 }
 
+// `t.shape[0]` is the batch that `cu_seqlens` (batch + 1 offsets) gives, or with `offsets` (t holds
+// offsets too) its length.
+Status check_batch_matches(const Operand& t, const Operand& cu_seqlens, bool offsets = false) {
+  const std::int64_t expected = cu_seqlens.dim(0) - (offsets ? 0 : 1);
+  if (t.dim(0) != expected) {
+    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", expected, " (", cu_seqlens.name, ".shape[0]",
+                   offsets ? ")" : " - 1)");
+  }
+  return Status::success();
+}
 
 // ---- FP8 ---------------------------------------------------------------------------------------
 
@@ -317,8 +327,8 @@ constexpr const char* kDescaleDims[] = {"batch", "nheads_kv"};
 constexpr const char* kQBlockScaleDims[] = {"batch", "nheads", "blocks of 128 queries"};
 constexpr const char* kKVBlockScaleDims[] = {"batch", "nheads_kv", "blocks of 128 keys"};
 
-// Which calls take FP8: descales only with e4m3 inputs; e4m3 inputs in fixed-length batches
-// without packed GQA rows (the FP8 kernels built).
+// Which calls take FP8: scales only with e4m3 inputs; block scales only in fixed-length batches,
+// unpacked.
 Status check_fp8_kind(const ForwardArgs& args) {
   const bool fp8 = args.q.dtype == DType::kFloat8E4M3;
   for (const auto& [name, scale] :
@@ -340,10 +350,9 @@ Status check_fp8_kind(const ForwardArgs& args) {
   if (block_scales == 3 && (args.q_descale || args.k_descale || args.v_descale)) {
     return invalid("descales given with block scales: expected one kind of scaling");
   }
-  if (args.cu_seqlens_q || args.page_table) {
-    return fail(StatusCode::kNotSupported, "q.dtype = float8_e4m3fn with ",
-                args.page_table ? "page_table" : "cu_seqlens_q",
-                ": expected a fixed-length batch (the FP8 kernels are built for fixed-length batches)");
+  if (block_scales == 3 && (args.cu_seqlens_q || args.page_table)) {
+    return fail(StatusCode::kNotSupported, "block scales with ", args.page_table ? "page_table" : "cu_seqlens_q",
+                ": expected q_descale, k_descale and v_descale (block scales are for fixed-length batches)");
   }
   if (args.pack_gqa == PackGqa::kOn && args.q_block_scale) {
     return fail(StatusCode::kNotSupported,
@@ -354,8 +363,10 @@ Status check_fp8_kind(const ForwardArgs& args) {
 }
 
 // The descales of an FP8 call: float32 (batch, nheads_kv), any non-negative strides (0 broadcasts),
-// on q's device, read only (not overlapping o or lse).
-Status check_descales(const ForwardArgs& args, const Operand& q, const Operand& k, const Operand& o,
+// on q's device, read only (not overlapping o or lse). k's dimension k_heads is nheads_kv; a
+// variable-length batch's size is cu_seqlens_q's, a fixed-length one's q's dimension 0.
+Status check_descales(const ForwardArgs& args, const Operand& q, const Operand& k, int k_heads,
+                      const std::optional<Operand>& cu_seqlens_q, const Operand& o,
                       const std::optional<Operand>& lse) {
   FirstError checks;
   for (const auto& [name, descale] : {std::pair{"q_descale", &args.q_descale}, std::pair{"k_descale", &args.k_descale},
@@ -364,7 +375,8 @@ Status check_descales(const ForwardArgs& args, const Operand& q, const Operand& 
     const Operand t{name, **descale, kDescaleDims, 2};
     checks << check_rank(t) << check_dtype(t, DType::kFloat32, "descales are float32");
     if (!checks.status().ok()) return checks.status();
-    checks << check_dim_matches(t, 0, q, 0) << check_dim_matches(t, 1, k, 2);
+    checks << (cu_seqlens_q ? check_batch_matches(t, *cu_seqlens_q) : check_dim_matches(t, 0, q, 0))
+           << check_dim_matches(t, 1, k, k_heads);
     for (int d = 0; d < 2; ++d) {
       if (t.desc.stride[d] < 0) {
         checks << invalid(name, ".stride[", d, "] = ", t.desc.stride[d], ": expected >= 0 (0 broadcasts one value)");
@@ -463,17 +475,6 @@ Status check_varlen_fields(const ForwardArgs& args) {
   if (args.max_seqlen_k != 0) {
     return invalid("max_seqlen_k = ", args.max_seqlen_k,
                    ": expected 0 without cu_seqlens_k (k.shape[1] is the fixed-length batch's seqlen_k)");
-  }
-  return Status::success();
-}
-
-// `t.shape[0]` is the batch that `cu_seqlens` (batch + 1 offsets) gives, or with `offsets` (t holds
-// offsets too) its length.
-Status check_batch_matches(const Operand& t, const Operand& cu_seqlens, bool offsets = false) {
-  const std::int64_t expected = cu_seqlens.dim(0) - (offsets ? 0 : 1);
-  if (t.dim(0) != expected) {
-    return invalid(dim_label(t, 0), " = ", t.dim(0), ": expected ", expected, " (", cu_seqlens.name, ".shape[0]",
-                   offsets ? ")" : " - 1)");
   }
   return Status::success();
 }
@@ -633,6 +634,7 @@ Status validate_varlen_forward(const ForwardArgs& args) {
       !status.ok()) {
     return status;
   }
+  if (Status status = check_descales(args, q, k, heads_kv, cu_seqlens_q, o, lse); !status.ok()) return status;
   return check_supported_head_dims(q, v, 2, heads_kv + 1);
 }
 
@@ -720,7 +722,7 @@ Status validate_forward(const ForwardArgs& args) {
   if (Status status = check_pack_gqa(args, packed_rows(q, k), "seqlen_q * nheads / nheads_kv"); !status.ok()) {
     return status;
   }
-  if (Status status = check_descales(args, q, k, o, lse); !status.ok()) return status;
+  if (Status status = check_descales(args, q, k, 2, std::nullopt, o, lse); !status.ok()) return status;
   return check_supported_head_dims(q, v);
 }
 
@@ -929,8 +931,14 @@ Status validate_append_kv(const AppendKvArgs& args) {
   FirstError checks;
   for (const Operand* t : all) checks << check_rank(*t);
   if (!checks.status().ok()) return checks.status();
-  if (k_cache.desc.dtype != DType::kBFloat16 && k_cache.desc.dtype != DType::kFloat16) {
-    return invalid("k_cache.dtype = ", dtype_name(k_cache.desc.dtype), ": expected float16 or bfloat16");
+  const DType dtype = k_cache.desc.dtype;
+  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16 && dtype != DType::kFloat8E4M3) {
+    return invalid("k_cache.dtype = ", dtype_name(dtype), ": expected float16, bfloat16 or float8_e4m3fn");
+  }
+  // e4m3 rows are appended as they are: rotating them would need their scales and a new rounding.
+  if (dtype == DType::kFloat8E4M3 && cos) {
+    return fail(StatusCode::kNotSupported, "rotary_cos with k_cache.dtype = float8_e4m3fn: expected the rotary "
+                "embedding applied before quantizing (an FP8 cache takes new rows as they are)");
   }
   for (const Operand* t : all) {
     const bool index = t == &page_table || t == &cache_seqlens || t == &cu_seqlens_new ||

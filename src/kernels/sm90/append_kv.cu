@@ -114,5 +114,6 @@ Status launch_append_kv(AppendKvParams const& p, cudaStream_t stream) {
 
 template Status launch_append_kv<cutlass::bfloat16_t>(AppendKvParams const&, cudaStream_t);
 template Status launch_append_kv<cutlass::half_t>(AppendKvParams const&, cudaStream_t);
+template Status launch_append_kv<cutlass::float_e4m3_t>(AppendKvParams const&, cudaStream_t);
 
 }  // namespace flashhop::sm90

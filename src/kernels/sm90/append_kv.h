@@ -43,7 +43,8 @@ struct AppendKvParams {
   bool q_positions_advance = false;
 };
 
-// The kernel with cache elements of Element: cutlass::bfloat16_t or cutlass::half_t.
+// The kernel with cache elements of Element: cutlass::bfloat16_t, cutlass::half_t, or
+// cutlass::float_e4m3_t (no rotary embedding: validation).
 template <class Element>
 Status launch_append_kv(AppendKvParams const& p, cudaStream_t stream);
 

@@ -353,7 +353,8 @@ struct ForwardMainloop {
       float const kept = params.softcap ? 1.f : qk;
       TileScales scales{params.softcap_prescale * qk, params.score_scale * kept, params.score_scale_log2 * kept,
                         read(d.v, d.v_batch_stride, d.v_head_stride), {1.f, nullptr, nullptr, 0, 0, 1.f}};
-      if (d.k_block.data != nullptr) {
+      // Block scales come with fixed-length batches only (validation).
+      if (!kVarlen && d.k_block.data != nullptr) {
         TileBlockScales& b = scales.blocks;
         b.q = __ldg(d.q_block.data + batch * d.q_block.batch_stride + head * d.q_block.head_stride +
                     m_block * d.q_block.block_stride);
