@@ -124,25 +124,6 @@ double max_abs(const std::vector<double>& values) {
   return m;
 }
 
-// Largest |got - expected| and where (the first NaN counts as the largest), and how many are NaN.
-struct Error {
-  double max = 0;
-  std::size_t at = 0;
-  std::size_t nan = 0;
-};
-Error max_error(const std::vector<float>& got, const std::vector<double>& expected) {
-  Error error;
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    const double difference = std::abs(double{got[i]} - expected[i]);
-    if (std::isnan(difference)) {
-      if (error.nan++ == 0) error.max = difference, error.at = i;
-    } else if (error.nan == 0 && difference > error.max) {
-      error.max = difference, error.at = i;
-    }
-  }
-  return error;
-}
-
 using BackwardGpu = GpuTestWithParam<BackwardCase>;
 
 TEST_P(BackwardGpu, MatchesReference) {

@@ -192,35 +192,21 @@ TEST_P(Fp8ForwardGpu, MatchesTheReferenceOnDequantizedInputs) {
   flashhop::reference::attention_forward_low_precision(p.shape(), q_real.data(), k_real.data(), v_real.data(),
                                                        options, DType::kFloat8E4M3, &o_low, &lse_low);
 
-  const auto max_error = [](const auto& got, const std::vector<double>& expected, std::size_t* at) {
-    double worst = 0;
-    for (std::size_t i = 0; i < expected.size(); ++i) {
-      const double difference = std::isinf(expected[i]) && got[i] == expected[i]
-                                    ? 0.0
-                                    : std::abs(double{got[i]} - expected[i]);
-      if (!(difference <= worst)) {  // NaN counts as the worst
-        worst = difference;
-        *at = i;
-        if (std::isnan(difference)) break;
-      }
-    }
-    return worst;
-  };
   double max_o = 0, max_v = 0;
   for (double x : o_ref) max_o = std::max(max_o, std::abs(x));
   for (float x : v_real) max_v = std::max(max_v, double{std::abs(x)});
-  std::size_t at = 0, unused = 0;
-  const double o_error = max_error(o, o_ref, &at);
-  const double o_baseline = max_error(o_low, o_ref, &unused);
+  const Error o_error = max_error(o, o_ref);
+  const double o_baseline = max_error(o_low, o_ref).max;
   // O is bfloat16: its final rounding is bfloat16's.
   const double o_bound =
       flashhop::reference::o_tolerance(DType::kBFloat16, o_baseline, max_o, c.masking.softcap, max_v);
-  EXPECT_LE(o_error, o_bound) << "O: max error at element " << at << " (got " << o[at] << ", reference "
-                              << o_ref[at] << "); e4m3-P baseline error " << o_baseline;
-  const double lse_error = max_error(lse, lse_ref, &at);
-  const double lse_baseline = max_error(lse_low, lse_ref, &unused);
-  EXPECT_LE(lse_error, flashhop::reference::lse_tolerance(lse_baseline, c.masking.softcap))
-      << "LSE: max error at element " << at << " (got " << lse[at] << ", reference " << lse_ref[at] << ")";
+  EXPECT_LE(o_error.max, o_bound) << "O: max error at element " << o_error.at << " (got " << o[o_error.at]
+                                  << ", reference " << o_ref[o_error.at] << "); e4m3-P baseline error " << o_baseline;
+  const Error lse_error = max_error(lse, lse_ref);
+  const double lse_baseline = max_error(lse_low, lse_ref).max;
+  EXPECT_LE(lse_error.max, flashhop::reference::lse_tolerance(lse_baseline, c.masking.softcap))
+      << "LSE: max error at element " << lse_error.at << " (got " << lse[lse_error.at] << ", reference "
+      << lse_ref[lse_error.at] << ")";
 }
 
 std::vector<Fp8Case> cases() {

@@ -271,6 +271,27 @@ inline std::vector<float> random_normal(std::int64_t count, DType dtype, std::mt
   return values;
 }
 
+// Largest |got - expected| and where (the first NaN counts as the largest; an infinity equal to the
+// expected one counts as 0), and how many are NaN.
+struct Error {
+  double max = 0;
+  std::size_t at = 0;
+  std::size_t nan = 0;
+};
+inline Error max_error(const std::vector<float>& got, const std::vector<double>& expected) {
+  Error error;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double difference =
+        std::isinf(expected[i]) && double{got[i]} == expected[i] ? 0.0 : std::abs(double{got[i]} - expected[i]);
+    if (std::isnan(difference)) {
+      if (error.nan++ == 0) error.max = difference, error.at = i;
+    } else if (error.nan == 0 && difference > error.max) {
+      error.max = difference, error.at = i;
+    }
+  }
+  return error;
+}
+
 // ---- device -------------------------------------------------------------------------------------
 
 inline void cuda_check(cudaError_t error, const char* what) {

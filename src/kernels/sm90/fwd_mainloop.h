@@ -362,10 +362,14 @@ struct ForwardMainloop {
         b.v = d.v_block.data + batch * d.v_block.batch_stride + head_kv * d.v_block.head_stride;
         b.k_stride = d.k_block.block_stride;
         b.v_stride = d.v_block.block_stride;
+        // The head's largest value block scale: each lane reads every 32nd block, the warp (all of
+        // whose lanes get here) takes the maximum.
         float v_max = 0.f;
         int const blocks = (params.seqlen_k + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
         CUTLASS_PRAGMA_NO_UNROLL
-        for (int i = 0; i < blocks; ++i) v_max = fmaxf(v_max, __ldg(b.v + i * b.v_stride));
+        for (int i = threadIdx.x % 32; i < blocks; i += 32) v_max = fmaxf(v_max, __ldg(b.v + i * b.v_stride));
+        CUTLASS_PRAGMA_UNROLL
+        for (int lanes = 16; lanes > 0; lanes /= 2) v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, lanes));
         b.inv_v_max = v_max > 0.f ? 1.f / v_max : 0.f;
         scales.o_scale = v_max;
       }
