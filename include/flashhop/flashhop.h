@@ -34,8 +34,8 @@
 // mask, soft-capping, GQA (with packed rows: pack_gqa) and head dim of the fixed-length forward.
 // A batch of fewer query tiles than the device has SMs (decoding) is split by keys (num_splits):
 // each split writes a partial result into the workspace and a combine kernel merges them. The
-// backward takes the same layout (BackwardArgs' cu_seqlens); there, dout's rows past a sequence's
-// used queries are read too (and weighed by zero), and must hold finite values.
+// backward takes the same layout (BackwardArgs' cu_seqlens); there, q's and dout's rows past a
+// sequence's used queries are read too (and weighed by zero), and must hold finite values.
 //
 // Paged KV cache, as FlashAttention-3's page_table: with page_table (ForwardArgs), the queries are
 // a variable-length batch as above (cu_seqlens_q) and K and V are a cache of pages

@@ -66,7 +66,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's length (0 for a batch of empty
     sequences).
     seqused_q, seqused_k: None, or int32 (batch) CUDA tensors: only the first seqused[b] rows of
-    sequence b's slot are used.
+    sequence b's slot are used; the other rows are read too (weighed by zero) and must be finite.
     softmax_scale, causal, window_size, softcap, pack_gqa: as flash_attn_func's, each sequence's mask
     aligned to its own bottom-right corner. deterministic: as flash_attn_func's; the gradients' rows
     outside every sequence's used rows are 0.

@@ -289,7 +289,15 @@ Status backward(const BackwardArgs& args, void* workspace, std::size_t workspace
                                                           {"dq.data", p.dq, rows},
                                                           {"dk.data", p.dk, keys},
                                                           {"dv.data", p.dv, keys},
-                                                          {"workspace", workspace, required > 0}});
+                                                          {"workspace", workspace, required > 0},
+                                                          {"cu_seqlens_q.data", p.cu_seqlens_q,
+                                                           p.cu_seqlens_q != nullptr},
+                                                          {"cu_seqlens_k.data", p.cu_seqlens_k,
+                                                           p.cu_seqlens_k != nullptr},
+                                                          {"seqused_q.data", p.seqused_q,
+                                                           p.seqused_q != nullptr && p.batch > 0},
+                                                          {"seqused_k.data", p.seqused_k,
+                                                           p.seqused_k != nullptr && p.batch > 0}});
       !status.ok()) {
     return status;
   }
