@@ -1194,7 +1194,23 @@ const InvalidCase kInvalidPagedCases[] = {
        a.q.stride[1] = a.o.stride[1] = 96;
        a.q.stride[0] = a.o.stride[0] = 8 * 96;
      },
-     kNotSupported, {"k.shape[1] (page_size) = 15: expected an even page size with k.shape[3] (head_dim) = 96"}},
+     kNotSupported, {"k.shape[1] (page_size) = 15: expected a multiple of 2 with k.shape[3] (head_dim) = 96 in bfloat16"}},
+    {"fp8_pages_of_two_at_head_dim_96",
+     [](ForwardArgs& a) {
+       a.q = flashhop::make_contiguous(a.q.data, DType::kFloat8E4M3, {100, 8, 96});
+       a.o = flashhop::make_contiguous(a.o.data, DType::kBFloat16, {100, 8, 96});
+       a.k = flashhop::make_contiguous(a.k.data, DType::kFloat8E4M3, {40, 2, 2, 96});
+       a.v = flashhop::make_contiguous(a.v.data, DType::kFloat8E4M3, {40, 2, 2, 96});
+     },
+     kNotSupported, {"k.shape[1] (page_size) = 2: expected a multiple of 4", "float8_e4m3fn", "32-byte swizzle atoms"}},
+    {"fp8_odd_pages_at_head_dim_64",
+     [](ForwardArgs& a) {
+       a.q = flashhop::make_contiguous(a.q.data, DType::kFloat8E4M3, {100, 8, 64});
+       a.o = flashhop::make_contiguous(a.o.data, DType::kBFloat16, {100, 8, 64});
+       a.k = flashhop::make_contiguous(a.k.data, DType::kFloat8E4M3, {40, 3, 2, 64});
+       a.v = flashhop::make_contiguous(a.v.data, DType::kFloat8E4M3, {40, 3, 2, 64});
+     },
+     kNotSupported, {"k.shape[1] (page_size) = 3: expected a multiple of 2 with k.shape[3] (head_dim) = 64"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Paged, InvalidPagedArguments, ::testing::ValuesIn(kInvalidPagedCases),

@@ -530,11 +530,11 @@ std::vector<PagedCase> paged_cases() {
     add(DType::kFloat8E4M3, 128, 128, page, 8, 2, masks[1], true, flashhop::PackGqa::kOn, 7);
     add(DType::kFloat8E4M3, 128, 128, page, 8, 2, masks[0], true, flashhop::PackGqa::kOff, 4);
   }
-  // Every head dim, fp16 and e4m3 at pages of 16, and of 2 and 1 (odd pages are not supported at
-  // d = 96), decoding also packed and split.
+  // Every head dim, fp16 and e4m3 at pages of 16, and of 2 (4 for e4m3), decoding also packed and
+  // split.
   for (DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat8E4M3}) {
     for (auto [d, dv] : {std::pair{64, 64}, {96, 96}, {192, 192}, {192, 128}, {256, 256}}) {
-      for (int page : {2, 16}) {
+      for (int page : {dtype == DType::kFloat8E4M3 ? 4 : 2, 16}) {  // e4m3 at d = 96: multiples of 4
         add(dtype, d, dv, page, 4, 1, masks[1], true);
         add(dtype, d, dv, page, 4, 1, masks[1], true, flashhop::PackGqa::kOn, 3);
         add(dtype, d, dv, page, 2, 2, masks[0], false);

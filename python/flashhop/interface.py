@@ -109,8 +109,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     k_cache, v_cache: a contiguous cache (batch_cache, seqlen_cache, nheads_kv, head_dim[_v]),
     sequence b reading entry cache_batch_idx[b] (default b); or with page_table (batch, max_pages)
     int32 a paged cache (num_pages, page_size, nheads_kv, head_dim[_v]), key j of sequence b being
-    row j % page_size of page page_table[b, j // page_size]. Any page size from 1 up (an even one at
-    head dim 96).
+    row j % page_size of page page_table[b, j // page_size]. Any page size from 1 up (at head dim 96 an
+    even one, a multiple of 4 in e4m3; even in e4m3 at head dims 64 and 192).
     cache_seqlens: int, or int32 (batch) tensor: the keys of each sequence in the cache (default:
     the whole cache entry, seqlen_cache or max_pages * page_size).
     softmax_scale, causal, window_size, softcap: as flash_attn_func's, each sequence's mask aligned to

@@ -492,13 +492,19 @@ Status check_max_seqlen(const char* name, int max_seqlen, const char* cu_seqlens
 }
 
 // A paged cache's page size, against the TMA boxes that gather it (PagedKV in fwd_mainloop.h): a
-// box's rows of a swizzle atom must fill 128 bytes, and the atoms of head dim 96 are 64 bytes wide.
+// box's rows of a swizzle atom (the widest of 128, 64 or 32 bytes that divides a row, as the
+// kernels' layouts take it) must fill 128 bytes. 16-bit rows of head dim 96 take 64-byte atoms,
+// e4m3 rows of 64 and 192 too, and e4m3 rows of 96 32-byte ones.
 Status check_page_size(const Operand& k, const Operand& v) {
   const std::int64_t page_size = k.dim(1);
   for (const Operand* t : {&k, &v}) {
-    if (t->dim(3) == 96 && page_size % 2 != 0) {
-      return fail(StatusCode::kNotSupported, dim_label(k, 1), " = ", page_size, ": expected an even page size with ",
-                  dim_label(*t, 3), " = 96");
+    const std::int64_t row_bytes = t->dim(3) * static_cast<std::int64_t>(dtype_size(t->desc.dtype));
+    const std::int64_t atom_bytes = row_bytes % 128 == 0 ? 128 : row_bytes % 64 == 0 ? 64 : 32;
+    const std::int64_t rows = 128 / atom_bytes;
+    if (page_size % rows != 0) {
+      return fail(StatusCode::kNotSupported, dim_label(k, 1), " = ", page_size, ": expected a multiple of ", rows,
+                  " with ", dim_label(*t, 3), " = ", t->dim(3), " in ", dtype_name(t->desc.dtype), " (", rows,
+                  " rows of its ", atom_bytes, "-byte swizzle atoms fill a TMA box's 128 bytes)");
     }
   }
   return Status::success();

@@ -41,24 +41,34 @@ CUTLASS_HOST_DEVICE void transpose_bytes(std::uint32_t const (&in)[4], std::uint
 // kThreads threads (whole warps) transpose a (kKeys, kDims) stage of 8-bit V into its (kDims, kKeys)
 // stage of Vt, in tasks of 4 x 4 bytes: four keys (P's columns c .. c + 3) by four columns
 // d .. d + 3 of V, read as four 4-byte words (one per key), transposed by byte permutes, written
-// as four 4-byte words (one per column). The lanes of a warp take consecutive d, so that each load
-// reads one key row's 128 contiguous bytes.
+// as four 4-byte words (one per column). The lanes of a warp split both ways, so that neither side
+// piles its words into a few banks: lane bits 0-1 pick d's word in a 16-byte chunk of V's row,
+// bits 2-3 the column's word in a 16-byte chunk of Vt's row, bit 4 one of two such chunks. A
+// warp's load or store then takes two wavefronts (a store four at 96-key tiles, whose 96-byte Vt
+// rows take 32-byte swizzle atoms), where lanes along d alone made each store take 8 to 16 (every
+// lane the same column): test_fp8_layout.cu counts them on each recipe's layouts.
 template <int kKeys, int kDims, int kThreads>
 struct VTransposer {
   static_assert(kKeys % 32 == 0, "P's columns come in blocks of 32 keys");
-  static_assert(kDims % 4 == 0 && kThreads % 32 == 0, "tasks of 4 x 4 bytes, whole warps");
-  static constexpr int kDimQuads = kDims / 4;
-  static constexpr int kTasks = kKeys / 4 * kDimQuads;
+  static_assert(kDims % 16 == 0 && kThreads % 32 == 0, "d in 16-byte chunks, whole warps");
+  static constexpr int kTasks = kKeys / 4 * (kDims / 4);
   static_assert(kTasks % kThreads == 0, "every thread takes as many tasks");
+
+  // Task t's first column of V (d) and of Vt (P's column c): t's bits 0-1 d's word in its chunk,
+  // 2-3 c's word in its chunk, 4 c's chunk within a pair, the rest d's chunk and then c's pair.
+  static CUTLASS_HOST_DEVICE int d_of(int task) { return 16 * (task / 32 % (kDims / 16)) + 4 * (task % 4); }
+  static CUTLASS_HOST_DEVICE int column_of(int task) {
+    return 32 * (task / 32 / (kDims / 16)) + 16 * (task / 16 % 2) + 4 * (task / 4 % 4);
+  }
 
   // sV: (kKeys, kDims) and sVt: (kDims, kKeys) of one stage; thread in [0, kThreads).
   template <class TensorV, class TensorVt>
-  static CUTLASS_DEVICE void transpose(TensorV const& sV, TensorVt&& sVt, int thread) {
+  static CUTLASS_HOST_DEVICE void transpose(TensorV const& sV, TensorVt&& sVt, int thread) {
     // Not unrolled: the producer warps have 40 registers (barriers.h).
     CUTLASS_PRAGMA_NO_UNROLL
     for (int task = thread; task < kTasks; task += kThreads) {
-      int const d = task % kDimQuads * 4;
-      int const column = task / kDimQuads * 4;
+      int const d = d_of(task);
+      int const column = column_of(task);
       int const key = fp8_key_of(column);  // columns c .. c + 3 hold keys key + {0, 1, 8, 9}
       std::uint32_t in[4];
       CUTLASS_PRAGMA_UNROLL

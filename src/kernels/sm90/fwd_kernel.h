@@ -252,10 +252,14 @@ struct ForwardKernel {
     // The constructors initialise the barriers (warp 0) and fence the initialisation. With FP8 the
     // transposer warps read V's ring, and the consumers Vt's.
     int const v_readers = Mainloop::kFp8 ? Roles::kTransposeThreads : Roles::kConsumerThreads;
+    bool const transposer = warp_group == 0 && cutlass::canonical_warp_idx_sync() >= Roles::kFirstTransposeWarp;
     Pipeline pipeline_k(shared.pipeline_k, pipeline_params(Mainloop::kKTileBytes, Roles::kConsumerThreads),
                         Shape<_1, _1, _1>{});
-    Pipeline pipeline_v(shared.pipeline_v, pipeline_params(Mainloop::kVTileBytes, v_readers), Shape<_1, _1, _1>{});
-    bool const transposer = warp_group == 0 && cutlass::canonical_warp_idx_sync() >= Roles::kFirstTransposeWarp;
+    typename Pipeline::Params v_ring = pipeline_params(Mainloop::kVTileBytes, v_readers);
+    if constexpr (Mainloop::kFp8) {
+      if (transposer) v_ring.role = Pipeline::ThreadCategory::Consumer;  // V's readers, in the producer warpgroup
+    }
+    Pipeline pipeline_v(shared.pipeline_v, v_ring, Shape<_1, _1, _1>{});
     auto vt_ring = [&] {
       if constexpr (Mainloop::kFp8) {
         using PipelineV = typename Mainloop::PipelineV;
