@@ -118,12 +118,6 @@ std::optional<Gradients> run_backward(const BackwardCase& c, const Inputs& in, S
   return Gradients{tdq.download(), tdk.download(), tdv.download()};
 }
 
-double max_abs(const std::vector<double>& values) {
-  double m = 0;
-  for (double x : values) m = std::max(m, std::abs(x));
-  return m;
-}
-
 using BackwardGpu = GpuTestWithParam<BackwardCase>;
 
 TEST_P(BackwardGpu, MatchesReference) {

@@ -66,10 +66,12 @@ std::vector<float> random_descales(std::int64_t count, std::mt19937& rng) {
 // x (batch, seqlen, heads, dim) times its (batch, KV head)'s descale; `group` heads per KV head.
 std::vector<float> dequantized(const std::vector<float>& x, const std::vector<float>& descale, const Problem& p,
                                int seqlen, int heads, int dim, int group) {
-  std::vector<float> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const std::size_t head = i / dim % heads, batch = i / dim / heads / seqlen;
-    out[i] = x[i] * descale[batch * p.nheads_kv + head / group];
+  std::vector<float> out;
+  const std::size_t batch_elements = std::size_t(seqlen) * heads * dim;
+  for (int b = 0; b < p.batch; ++b) {
+    const std::vector<float> scaled = scaled_by_kv_head(x.data() + b * batch_elements, seqlen, heads, dim,
+                                                        descale.data() + std::size_t(b) * p.nheads_kv, group);
+    out.insert(out.end(), scaled.begin(), scaled.end());
   }
   return out;
 }
@@ -192,9 +194,7 @@ TEST_P(Fp8ForwardGpu, MatchesTheReferenceOnDequantizedInputs) {
   flashhop::reference::attention_forward_low_precision(p.shape(), q_real.data(), k_real.data(), v_real.data(),
                                                        options, DType::kFloat8E4M3, &o_low, &lse_low);
 
-  double max_o = 0, max_v = 0;
-  for (double x : o_ref) max_o = std::max(max_o, std::abs(x));
-  for (float x : v_real) max_v = std::max(max_v, double{std::abs(x)});
+  const double max_o = max_abs(o_ref), max_v = max_abs(v_real);
   const Error o_error = max_error(o, o_ref);
   const double o_baseline = max_error(o_low, o_ref).max;
   // O is bfloat16: its final rounding is bfloat16's.

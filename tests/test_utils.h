@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -269,6 +270,23 @@ inline std::vector<float> random_normal(std::int64_t count, DType dtype, std::mt
   std::vector<float> values(static_cast<std::size_t>(count));
   for (float& value : values) value = round_to(dtype, normal(rng));
   return values;
+}
+
+// The largest magnitude of `values`.
+template <typename T>
+double max_abs(const std::vector<T>& values) {
+  double m = 0;
+  for (T x : values) m = std::max(m, std::abs(double(x)));
+  return m;
+}
+
+// `rows` rows of `heads` heads of `cols` values from x, each head times the scale of its KV head:
+// kv_scales[head / group] (FP8 inputs dequantized by their descales).
+inline std::vector<float> scaled_by_kv_head(const float* x, std::int64_t rows, int heads, int cols,
+                                            const float* kv_scales, int group) {
+  std::vector<float> out(x, x + rows * heads * cols);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] *= kv_scales[i / cols % heads / group];
+  return out;
 }
 
 // Largest |got - expected| and where (the first NaN counts as the largest; an infinity equal to the

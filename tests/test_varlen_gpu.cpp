@@ -224,13 +224,8 @@ struct Descales {
   // `rows` rows of `heads` heads of `cols` of sequence b, each head times descale[b, its KV head].
   std::vector<float> scaled(const std::vector<float>& descale, const float* x, int rows, int heads, int cols,
                             int b) const {
-    std::vector<float> out(x, x + std::size_t(rows) * heads * cols);
-    if (descale.empty()) return out;
-    const int group = heads / nheads_kv;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      out[i] *= descale[std::size_t(b) * nheads_kv + i / cols % heads / group];
-    }
-    return out;
+    if (descale.empty()) return std::vector<float>(x, x + std::size_t(rows) * heads * cols);
+    return scaled_by_kv_head(x, rows, heads, cols, descale.data() + std::size_t(b) * nheads_kv, heads / nheads_kv);
   }
 };
 

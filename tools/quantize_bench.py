@@ -16,49 +16,15 @@ than the L2 cache, they cannot pass about 60% of the copy's figure; per_block re
 """
 import argparse
 import json
-import statistics
 import subprocess
-import time
 
 import torch
 
 import flashhop
+from decode_bench import graphed, median_ms
 
 SCALINGS = ("per_tensor", "per_head", "per_block")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def median_ms(launch, warmup_ms, iters):
-    """Median of `iters` event-timed calls of launch() after warm-up calls for warmup_ms."""
-    launch()
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    while (time.perf_counter() - begin) * 1e3 < warmup_ms:
-        for _ in range(10):
-            launch()
-        torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, stop in events:
-        start.record()
-        launch()
-        stop.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(stop) for start, stop in events)
-
-
-def graphed(call):
-    """call() captured in a CUDA graph (after one eager call on the capturing stream, so that lazy
-    set-up stays outside); the graph's replay as a launcher, and the captured call's output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = call()
-    torch.cuda.synchronize()
-    return graph.replay, out
 
 
 def torch_per_tensor(x):
