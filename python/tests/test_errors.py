@@ -84,7 +84,7 @@ BAD_INPUTS = {
     "dtype_mismatch": (lambda q, k, v: (q, k.half(), v), ValueError,
                        r"k.dtype = float16: expected bfloat16 \(the dtype of q\)"),
     "float32": (lambda q, k, v: (q.float(), k.float(), v.float()), ValueError,
-                "q.dtype = float32: expected float16 or bfloat16"),
+                "q.dtype = float32: expected float16, bfloat16 or float8_e4m3fn"),
     "float64": (lambda q, k, v: (q.double(), k, v), ValueError,
                 "q.dtype = torch.float64: expected torch.float16 or torch.bfloat16"),
     "head_dim_80": (lambda q, k, v: (q[..., :80], k[..., :80], v[..., :80]), NotImplementedError,
