@@ -14,7 +14,7 @@ import json
 import torch
 
 import flashhop
-from decode_bench import time_graphed
+from decode_bench import fa3_fwd_interface, time_graphed
 
 
 def cell(head_dim, causal, seqlen, args):
@@ -36,12 +36,9 @@ def cell(head_dim, causal, seqlen, args):
                                                                k_block_scale=block_scale, v_block_scale=block_scale),
         "flashhop bf16": lambda: flashhop.flash_attn_func(q16, k16, v16, causal=causal),
     }
-    try:
-        import flash_attn_interface as fa3
-        calls["FA3 fp8"] = lambda: fa3.flash_attn_func(q, k, v, causal=causal, q_descale=descale,
-                                                       k_descale=descale, v_descale=descale)
-    except ImportError:
-        print("  FA3: n/a (flash_attn_interface not importable)")
+    if fa3_fwd_interface is not None:
+        calls["FA3 fp8"] = lambda: fa3_fwd_interface.flash_attn_func(q, k, v, causal=causal, q_descale=descale,
+                                                                     k_descale=descale, v_descale=descale)
     for name, call in calls.items():
         timed = time_graphed(name, call, args)
         results[name] = None if timed is None else flops / (timed[0] * 1e-3) / 1e12
