@@ -280,6 +280,17 @@ double max_abs(const std::vector<T>& values) {
   return m;
 }
 
+// The largest Euclidean norm of the `count` rows of `cols` values from x.
+inline double max_row_norm(const float* x, std::int64_t count, int cols) {
+  double m = 0;
+  for (std::int64_t row = 0; row < count; ++row) {
+    double sum = 0;
+    for (int c = 0; c < cols; ++c) sum += double(x[row * cols + c]) * x[row * cols + c];
+    m = std::max(m, std::sqrt(sum));
+  }
+  return m;
+}
+
 // `rows` rows of `heads` heads of `cols` values from x, each head times the scale of its KV head:
 // kv_scales[head / group] (FP8 inputs dequantized by their descales).
 inline std::vector<float> scaled_by_kv_head(const float* x, std::int64_t rows, int heads, int cols,

@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <thread>
@@ -43,17 +41,11 @@ void run_tasks(std::int64_t count, const MakeRunner& make_runner) {
 }
 
 
-// Products per accumulation step of the two GEMMs, as the tensor cores take them for FP8 (the k
-// of one e4m3 wgmma): the score dot products run over head_dim, the P V sums over the keys.
-constexpr std::int64_t kAccumulateChunk = 32;
-
 // Attention with every sum in `Real`; round_probability(p) is applied to each unnormalised
-// probability exp(s - max) before the P V product (but not to the row sum, as in the kernels), and
-// round_accumulator(x) to both GEMMs' accumulators after each step of kAccumulateChunk products.
-template <typename Real, typename RoundProbability, typename RoundAccumulator>
+// probability exp(s - max) before the P V product (but not to the row sum, as in the kernels).
+template <typename Real, typename RoundProbability>
 void attend(const AttentionShape& s, const float* q, const float* k, const float* v, const ScoreOptions& options,
-            RoundProbability round_probability, RoundAccumulator round_accumulator, std::vector<Real>* o,
-            std::vector<Real>* lse) {
+            RoundProbability round_probability, std::vector<Real>* o, std::vector<Real>* lse) {
   const Real scale = static_cast<Real>(options.softmax_scale);
   const Real softcap = static_cast<Real>(options.softcap);
   if (s.nheads_kv < 1 || s.nheads % s.nheads_kv != 0) {
@@ -69,8 +61,7 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
     std::vector<Real> q_block_t(d * kRowBlock);  // (head_dim, kRowBlock): Q block transposed
     std::vector<Real> probs;                     // (block keys, kRowBlock): scores, then probabilities
     std::vector<Real> o_block(kRowBlock * dv);   // (kRowBlock, head_dim_v): unnormalised O
-    std::vector<Real> o_step(kRowBlock * dv);    // o_block's sums over one accumulation step of keys
-    return [&, q_block_t, probs, o_block, o_step](std::int64_t task) mutable {
+    return [&, q_block_t, probs, o_block](std::int64_t task) mutable {
       const std::int64_t b = task / (s.nheads * row_blocks);
       const std::int64_t h = task / row_blocks % s.nheads;
       const std::int64_t kv_head = h / heads_per_kv_head;
@@ -93,13 +84,9 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
       for (std::int64_t j = 0; j < block_keys; ++j) {
         const float* k_row = k + ((b * s.seqlen_k + key_begin + j) * s.nheads_kv + kv_head) * d;
         Real dots[kRowBlock] = {};
-        for (std::int64_t c0 = 0; c0 < d; c0 += kAccumulateChunk) {
-          Real step[kRowBlock] = {};
-          for (std::int64_t c = c0; c < std::min(d, c0 + kAccumulateChunk); ++c) {
-            const Real k_value = k_row[c];
-            for (int r = 0; r < kRowBlock; ++r) step[r] += q_block_t[c * kRowBlock + r] * k_value;
-          }
-          for (int r = 0; r < kRowBlock; ++r) dots[r] = round_accumulator(dots[r] + step[r]);
+        for (std::int64_t c = 0; c < d; ++c) {
+          const Real k_value = k_row[c];
+          for (int r = 0; r < kRowBlock; ++r) dots[r] += q_block_t[c * kRowBlock + r] * k_value;
         }
         for (int r = 0; r < kRowBlock; ++r) {
           const Real score = dots[r] * scale;
@@ -127,17 +114,13 @@ void attend(const AttentionShape& s, const float* q, const float* k, const float
       }
 
       std::fill(o_block.begin(), o_block.end(), Real(0));
-      for (std::int64_t j0 = 0; j0 < block_keys; j0 += kAccumulateChunk) {
-        std::fill(o_step.begin(), o_step.end(), Real(0));
-        for (std::int64_t j = j0; j < std::min(block_keys, j0 + kAccumulateChunk); ++j) {
-          const float* v_row = v + ((b * s.seqlen_k + key_begin + j) * s.nheads_kv + kv_head) * dv;
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const Real p = probs[j * kRowBlock + r];
-            Real* o_row = &o_step[r * dv];
-            for (std::int64_t c = 0; c < dv; ++c) o_row[c] += p * static_cast<Real>(v_row[c]);
-          }
+      for (std::int64_t j = 0; j < block_keys; ++j) {
+        const float* v_row = v + ((b * s.seqlen_k + key_begin + j) * s.nheads_kv + kv_head) * dv;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const Real p = probs[j * kRowBlock + r];
+          Real* o_row = &o_block[r * dv];
+          for (std::int64_t c = 0; c < dv; ++c) o_row[c] += p * static_cast<Real>(v_row[c]);
         }
-        for (std::size_t i = 0; i < o_block.size(); ++i) o_block[i] = round_accumulator(o_block[i] + o_step[i]);
       }
 
       // A row with no visible key keeps O = 0 and LSE = -inf from the initialisation.
@@ -239,15 +222,6 @@ float round_to_e4m3(float x) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), __NV_E4M3)));
 }
 float keep_float(float x) { return x; }
-// Hopper's e4m3 wgmma keeps 13 of its float accumulator's 23 mantissa bits and drops the rest
-// (e8m13, truncated toward zero; PyTorch's study of GEMM accumulators on H100).
-float truncate_to_e8m13(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits &= ~std::uint32_t{0x3ff};
-  std::memcpy(&x, &bits, sizeof bits);
-  return x;
-}
 
 }  // namespace
 
@@ -263,7 +237,7 @@ VisibleKeys visible_keys(const AttentionShape& s, const ScoreOptions& options, s
 
 void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v,
                        const ScoreOptions& options, std::vector<double>* o, std::vector<double>* lse) {
-  attend<double>(shape, q, k, v, options, [](double p) { return p; }, [](double x) { return x; }, o, lse);
+  attend<double>(shape, q, k, v, options, [](double p) { return p; }, o, lse);
 }
 
 void attention_forward_low_precision(const AttentionShape& shape, const float* q, const float* k,
@@ -272,10 +246,8 @@ void attention_forward_low_precision(const AttentionShape& shape, const float* q
   float (*round_to_dtype)(float) = keep_float;
   if (dtype == DType::kBFloat16) round_to_dtype = round_to_bf16;
   if (dtype == DType::kFloat16) round_to_dtype = round_to_fp16;
-  // FP8: P is e4m3 in P V, both GEMMs accumulate in e8m13, O is bfloat16.
-  const bool fp8 = dtype == DType::kFloat8E4M3;
-  attend<float>(shape, q, k, v, options, fp8 ? round_to_e4m3 : round_to_dtype, fp8 ? truncate_to_e8m13 : keep_float,
-                o, lse);
+  // FP8: P is e4m3 in P V, O bfloat16.
+  attend<float>(shape, q, k, v, options, dtype == DType::kFloat8E4M3 ? round_to_e4m3 : round_to_dtype, o, lse);
   if (dtype == DType::kFloat8E4M3) round_to_dtype = round_to_bf16;
   for (float& value : *o) value = round_to_dtype(value);
 }

@@ -42,10 +42,9 @@ void attention_forward(const AttentionShape& shape, const float* q, const float*
 
 // The same attention at the precision a fused kernel keeps: scores, softmax and the P V sums in
 // float, the unnormalised probabilities rounded to `dtype` before the P V product, O rounded to
-// `dtype` at the end (float32: no rounding; float8_e4m3fn: P to e4m3, both products accumulated
-// in steps of 32 with the accumulator cut to 13 mantissa bits after each, O to bfloat16, as FP8
-// attention on Hopper does). Its distance from attention_forward() is the yardstick for a kernel's
-// error (FlashAttention's rule: kernel error <= 2 x this error + a small term).
+// `dtype` at the end (float32: no rounding; float8_e4m3fn: P to e4m3, O to bfloat16, as FP8
+// attention does). Its distance from attention_forward() is the yardstick
+// for a kernel's error (FlashAttention's rule: kernel error <= 2 x this error + a small term).
 void attention_forward_low_precision(const AttentionShape& shape, const float* q, const float* k,
                                      const float* v, const ScoreOptions& options, DType dtype,
                                      std::vector<float>* o, std::vector<float>* lse);
