@@ -38,8 +38,8 @@ inline double lse_tolerance(double lse_baseline_error, double softcap) {
 // FP8 (e4m3 Q, K and V, P rounded to e4m3 for P V, O bfloat16) is held to bounds derived from the
 // formats instead: the e4m3 wgmmas keep 13 of their float accumulator's mantissa bits, truncated
 // (PyTorch's study of H100 GEMM accumulators), which the host does not reproduce closely enough
-// for a low-precision run to serve as the yardstick (the first GPU runs put kernels at up to 4x
-// such a run's error, every one within these bounds' P term).
+// for a low-precision run to serve as the yardstick (on the H100 the kernels' errors reached 4x
+// such a run's; decision log D141).
 // A score softmax_scale * q.k is accumulated in head_dim / 32 steps of 32 products, each step
 // truncating less than 2^-13 of a sum no larger than sum_c |q_c k_c| <= |q| |k|; LSE moves by as
 // much as the largest score.
