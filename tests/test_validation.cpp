@@ -1139,6 +1139,16 @@ ForwardArgs valid_paged_args() {
 
 class InvalidPagedArguments : public ::testing::TestWithParam<InvalidCase> {};
 
+// valid_paged_args() turned into an e4m3 call at `head_dim` over pages of `page_size` rows.
+std::function<void(ForwardArgs&)> fp8_pages(std::int64_t page_size, std::int64_t head_dim) {
+  return [=](ForwardArgs& a) {
+    a.q = flashhop::make_contiguous(a.q.data, DType::kFloat8E4M3, {100, 8, head_dim});
+    a.o = flashhop::make_contiguous(a.o.data, DType::kBFloat16, {100, 8, head_dim});
+    a.k = flashhop::make_contiguous(a.k.data, DType::kFloat8E4M3, {40, page_size, 2, head_dim});
+    a.v = flashhop::make_contiguous(a.v.data, DType::kFloat8E4M3, {40, page_size, 2, head_dim});
+  };
+}
+
 TEST_P(InvalidPagedArguments, RejectedWithCodeAndNamedArgument) { expect_rejected(valid_paged_args(), GetParam()); }
 
 const InvalidCase kInvalidPagedCases[] = {
@@ -1195,22 +1205,10 @@ const InvalidCase kInvalidPagedCases[] = {
        a.q.stride[0] = a.o.stride[0] = 8 * 96;
      },
      kNotSupported, {"k.shape[1] (page_size) = 15: expected a multiple of 2 with k.shape[3] (head_dim) = 96 in bfloat16"}},
-    {"fp8_pages_of_two_at_head_dim_96",
-     [](ForwardArgs& a) {
-       a.q = flashhop::make_contiguous(a.q.data, DType::kFloat8E4M3, {100, 8, 96});
-       a.o = flashhop::make_contiguous(a.o.data, DType::kBFloat16, {100, 8, 96});
-       a.k = flashhop::make_contiguous(a.k.data, DType::kFloat8E4M3, {40, 2, 2, 96});
-       a.v = flashhop::make_contiguous(a.v.data, DType::kFloat8E4M3, {40, 2, 2, 96});
-     },
-     kNotSupported, {"k.shape[1] (page_size) = 2: expected a multiple of 4", "float8_e4m3fn", "32-byte swizzle atoms"}},
-    {"fp8_odd_pages_at_head_dim_64",
-     [](ForwardArgs& a) {
-       a.q = flashhop::make_contiguous(a.q.data, DType::kFloat8E4M3, {100, 8, 64});
-       a.o = flashhop::make_contiguous(a.o.data, DType::kBFloat16, {100, 8, 64});
-       a.k = flashhop::make_contiguous(a.k.data, DType::kFloat8E4M3, {40, 3, 2, 64});
-       a.v = flashhop::make_contiguous(a.v.data, DType::kFloat8E4M3, {40, 3, 2, 64});
-     },
-     kNotSupported, {"k.shape[1] (page_size) = 3: expected a multiple of 2 with k.shape[3] (head_dim) = 64"}},
+    {"fp8_pages_of_two_at_head_dim_96", fp8_pages(2, 96), kNotSupported,
+     {"k.shape[1] (page_size) = 2: expected a multiple of 4", "float8_e4m3fn", "32-byte swizzle atoms"}},
+    {"fp8_odd_pages_at_head_dim_64", fp8_pages(3, 64), kNotSupported,
+     {"k.shape[1] (page_size) = 3: expected a multiple of 2 with k.shape[3] (head_dim) = 64"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Paged, InvalidPagedArguments, ::testing::ValuesIn(kInvalidPagedCases),
