@@ -96,20 +96,30 @@ void expect_transposer_writes_p_order() {
   std::vector<std::uint8_t> vt_storage(cute::cosize_v<typename Mainloop::SmemLayoutVt> + 1024);
   Element* const v_bytes = aligned(v_storage);
   Element* const vt_bytes = aligned(vt_storage);
+  const auto byte_at = [](const Element& e) { return reinterpret_cast<const std::uint8_t&>(e); };
+  // Every stage: V's stage i into Vt's stage of the other end, as the rings' indices may differ.
+  for (int stage = 0; stage < Mainloop::kStages; ++stage) {
+    const int vt_stage = Mainloop::kStages - 1 - stage;
+    cute::Tensor sV = cute::make_tensor(cute::make_smem_ptr(v_bytes), typename Mainloop::SmemLayoutV{})(cute::_, cute::_, stage);
+    cute::Tensor sVt = cute::make_tensor(cute::make_smem_ptr(vt_bytes), typename Mainloop::SmemLayoutVt{})(cute::_, cute::_, vt_stage);
+    for (bool keys : {true, false}) {
+      for (int key = 0; key < kKeys; ++key) {
+        for (int d = 0; d < kDims; ++d) reinterpret_cast<std::uint8_t&>(sV(key, d)) = keys ? key : d;
+      }
+      for (int thread = 0; thread < kThreads; ++thread) {
+        Transposer::transpose(reinterpret_cast<const std::uint8_t*>(v_bytes) + Transposer::kStageBytes * stage,
+                              reinterpret_cast<std::uint8_t*>(vt_bytes) + Transposer::kStageBytes * vt_stage,
+                              Transposer::offsets_of(thread));
+      }
+      int wrong = 0;
+      for (int d = 0; d < kDims; ++d) {
+        for (int c = 0; c < kKeys; ++c) wrong += byte_at(sVt(d, c)) != (keys ? flashhop::sm90::fp8_key_of(c) : d);
+      }
+      EXPECT_EQ(wrong, 0) << (keys ? "keys" : "columns d") << " out of place, stage " << stage;
+    }
+  }
   cute::Tensor sV = cute::make_tensor(cute::make_smem_ptr(v_bytes), typename Mainloop::SmemLayoutV{})(cute::_, cute::_, 0);
   cute::Tensor sVt = cute::make_tensor(cute::make_smem_ptr(vt_bytes), typename Mainloop::SmemLayoutVt{})(cute::_, cute::_, 0);
-  const auto byte_at = [](const Element& e) { return reinterpret_cast<const std::uint8_t&>(e); };
-  for (bool keys : {true, false}) {
-    for (int key = 0; key < kKeys; ++key) {
-      for (int d = 0; d < kDims; ++d) reinterpret_cast<std::uint8_t&>(sV(key, d)) = keys ? key : d;
-    }
-    for (int thread = 0; thread < kThreads; ++thread) Transposer::transpose(sV, sVt, thread);
-    int wrong = 0;
-    for (int d = 0; d < kDims; ++d) {
-      for (int c = 0; c < kKeys; ++c) wrong += byte_at(sVt(d, c)) != (keys ? flashhop::sm90::fp8_key_of(c) : d);
-    }
-    EXPECT_EQ(wrong, 0) << (keys ? "keys" : "columns d") << " out of place";
-  }
   // Bank conflicts of the warps' accesses: for each warp and task round, each of the four loads
   // and four stores, the most distinct 4-byte words that fall into one of the 32 banks.
   const auto ways = [](const std::vector<std::intptr_t>& bytes) {

@@ -185,7 +185,8 @@ struct ForwardMainloop {
   // The ring the consumers read V^T from: V's, or with FP8 Vt's, filled by the transposer warps.
   using PipelineV = cute::conditional_t<kFp8, cutlass::PipelineAsync<kStages>, Pipeline>;
   static_assert(cute::is_same_v<typename PipelineV::PipelineState, PipelineState>, "one stage count for the rings");
-  using Transposer = cute::conditional_t<kFp8, VTransposer<kBlockN, kHeadDimV, Roles::kTransposeThreads>, void>;
+  using Transposer = cute::conditional_t<
+      kFp8, VTransposer<kBlockN, kHeadDimV, Roles::kTransposeThreads, SmemLayoutV, SmemLayoutVt>, void>;
   static constexpr std::uint32_t kQBytes = cute::size(SmemLayoutQ{}) * sizeof(Element);
   static constexpr std::uint32_t kKTileBytes = cute::size(cute::take<0, 2>(SmemLayoutK{})) * sizeof(Element);
   static constexpr std::uint32_t kVTileBytes = cute::size(cute::take<0, 2>(SmemLayoutV{})) * sizeof(Element);
@@ -734,14 +735,16 @@ struct ForwardMainloop {
                                          PipelineState& v_read, PipelineState& vt_write, int key_tiles,
                                          int thread) {
     static_assert(kFp8);
-    using namespace cute;
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});     // (kBlockN, dv, stage)
-    Tensor sVt = make_tensor(make_smem_ptr(smem.vt.data()), SmemLayoutVt{});  // (dv, kBlockN, stage)
+    // Plain byte pointers into shared memory (no swizzled pointer), so that the copies are LDS / STS.
+    std::uint8_t const* const v = reinterpret_cast<std::uint8_t const*>(smem.v.data());
+    std::uint8_t* const vt = reinterpret_cast<std::uint8_t*>(smem.vt.data());
+    typename Transposer::TaskOffsets const mine = Transposer::offsets_of(thread);
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < key_tiles; ++i) {
       pipeline_v.consumer_wait(v_read);
       pipeline_vt.producer_acquire(vt_write);
-      Transposer::transpose(sV(_, _, v_read.index()), sVt(_, _, vt_write.index()), thread);
+      Transposer::transpose(v + Transposer::kStageBytes * v_read.index(),
+                            vt + Transposer::kStageBytes * vt_write.index(), mine);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
       pipeline_vt.producer_commit(vt_write);
       pipeline_v.consumer_release(v_read);
