@@ -735,10 +735,10 @@ struct ForwardMainloop {
                                          PipelineState& v_read, PipelineState& vt_write, int key_tiles,
                                          int thread) {
     static_assert(kFp8);
-    // Plain byte pointers into shared memory (no swizzled pointer), so that the copies are LDS / STS.
+    // Byte pointers into shared memory (no swizzled pointer): the transposer adds swizzled offsets.
     std::uint8_t const* const v = reinterpret_cast<std::uint8_t const*>(smem.v.data());
     std::uint8_t* const vt = reinterpret_cast<std::uint8_t*>(smem.vt.data());
-    typename Transposer::TaskOffsets const mine = Transposer::offsets_of(thread);
+    typename Transposer::LaneOffsets const mine = Transposer::offsets_of(thread);
     CUTLASS_PRAGMA_NO_UNROLL
     for (int i = 0; i < key_tiles; ++i) {
       pipeline_v.consumer_wait(v_read);
