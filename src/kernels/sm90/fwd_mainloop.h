@@ -322,9 +322,9 @@ struct ForwardMainloop {
   // The scales of one tile's scores and O: the call's, and with FP8 its (batch, KV head)'s descales
   // folded in (as FlashAttention-3: softcap's argument and the softmax's exponent scale by
   // q_descale k_descale, O by v_descale). With block scales, key tile n's scores are multiplied by
-  // the tile's query block scale times the key block scale (scale_scores) before the softmax, and
-  // its P by its value block scale over the head's largest (convert_p), which O's normalisation
-  // takes back (o_scale): P stays in [0, 256], inside e4m3's range.
+  // the tile's query block scale times the key block scale, and its P by its value block scale
+  // over the head's largest (tile_factors), which O's normalisation takes back (o_scale): P stays
+  // in [0, 256], inside e4m3's range.
   struct NoBlockScales {};
   struct TileBlockScales {
     float q;                            // the tile's query block scale
@@ -379,23 +379,38 @@ struct ForwardMainloop {
       return {params.softcap_prescale, params.score_scale, params.score_scale_log2, 1.f, {}};
     }
   }
-  // Block scaling: key tile n_block's scores times its query and key block scales.
-  template <class Scores>
-  static CUTLASS_DEVICE void scale_scores(Scores& scores, TileScales const& scales, int n_block) {
+  // The softmax's factors of key tile n_block (softmax.h): with FP8 block scales its scores times
+  // the tile's query block scale times the key block scale, its P times its value block scale over
+  // the head's largest; unit factors without block scales, none for 16-bit kernels. Factors of 0
+  // (blocks of zeros) are kept just above: -inf stays -inf, and P's share of the row sum survives
+  // the division by its factor (such P rounds to 0 in e4m3 all the same).
+  static CUTLASS_DEVICE auto tile_factors(TileScales const& scales, int n_block) {
     if constexpr (kFp8) {
-      if (scales.blocks.k == nullptr) return;
-      float const factor = scales.blocks.q * __ldg(scales.blocks.k + key_block(n_block) * scales.blocks.k_stride);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < cute::size(scores); ++i) scores(i) *= factor;
+      if (scales.blocks.k == nullptr) return TileFactors{1.f, 0.f, 1.f};
+      float const score = scales.blocks.q * __ldg(scales.blocks.k + key_block(n_block) * scales.blocks.k_stride);
+      float const p = fmaxf(__ldg(scales.blocks.v + key_block(n_block) * scales.blocks.v_stride) *
+                                scales.blocks.inv_v_max, 0x1p-64f);
+      return TileFactors{fmaxf(score, 0x1p-126f), fast_log2(p),
+                         fast_reciprocal(p)};
+    } else {
+      return NoTileFactors{};
     }
   }
-  // Block scaling: the factor of key tile n_block's P, its value block scale over the largest.
-  static CUTLASS_DEVICE float p_factor(TileScales const& scales, int n_block) {
-    if constexpr (kFp8) {
-      if (scales.blocks.v == nullptr) return 1.f;
-      return __ldg(scales.blocks.v + key_block(n_block) * scales.blocks.v_stride) * scales.blocks.inv_v_max;
+  // The factors the softmax takes: soft-capped, apply_softcap took the score factor already.
+  template <class Factors>
+  static CUTLASS_DEVICE Factors softmax_factors(Factors factors, bool softcapped) {
+    if constexpr (cute::is_same_v<Factors, TileFactors>) {
+      if (softcapped) factors.score = 1.f;
+    }
+    return factors;
+  }
+  // The soft-capping prescale of a tile with these factors.
+  template <class Factors>
+  static CUTLASS_DEVICE float softcap_prescale(TileScales const& scales, Factors const& factors) {
+    if constexpr (cute::is_same_v<Factors, TileFactors>) {
+      return scales.softcap_prescale * factors.score;
     } else {
-      return 1.f;
+      return scales.softcap_prescale;
     }
   }
 
@@ -714,14 +729,13 @@ struct ForwardMainloop {
       return cute::make_tensor<Element>(accumulator_as_a_operand(s_accum.layout()));
     }
   }
-  // factor: p_factor's (FP8 block scaling).
   template <class SAccum, class PRegs>
-  static CUTLASS_DEVICE void convert_p(SAccum const& s_accum, PRegs& p_regs, float factor) {
+  static CUTLASS_DEVICE void convert_p(SAccum const& s_accum, PRegs& p_regs) {
     if constexpr (kFp8) {
       cute::Tensor scores = cute::make_tensor(s_accum.data(), accumulator_as_fp8_a_operand(s_accum.layout()));
       cute::Tensor ordered = cute::make_tensor<float>(p_regs.layout());  // register renaming, no data movement
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < cute::size(ordered); ++i) ordered(i) = scores(i) * factor;
+      for (int i = 0; i < cute::size(ordered); ++i) ordered(i) = scores(i);
       convert_fragment_into(ordered, p_regs);
     } else {
       convert_fragment_into(s_accum, p_regs);
@@ -930,23 +944,26 @@ struct ForwardMainloop {
     };
     // The kept scores of key tile n_block: soft-capped, then masked. `softcap` as softcapped()
     // returns it, or known at compile time in a loop compiled per choice.
-    auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask, auto softcap) {
+    auto scores_of = [&](auto& s_accum, int n_block, auto needs_mask, auto softcap, auto const& factors) {
       Tensor scores = rowcol_view(s_accum);  // (rows, cols)
-      scale_scores(scores, scales, n_block);
-      if (softcap) apply_softcap(scores, scales.softcap_prescale);
+      if (softcap) apply_softcap(scores, softcap_prescale(scales, factors));
       if constexpr (decltype(needs_mask)::value) apply_mask(mask, scores, coords, query_of, n_block * kBlockN);
       return scores;
     };
     // The softmax of key tile n_block (is_first: the tile's first), masked by chunks where
     // kMaskByChunks.
-    auto softmax_update = [&](auto is_first, auto& s_accum, int n_block, auto needs_mask, auto softcap) {
+    // `factors`: tile_factors(scales, n_block), read before the S GEMM, so that the block scales'
+    // loads run under it.
+    auto softmax_update = [&](auto is_first, auto& s_accum, int n_block, auto needs_mask, auto softcap,
+                              auto const& factors) {
       if constexpr (decltype(needs_mask)::value && kMaskByChunks) {
-        Tensor scores = scores_of(s_accum, n_block, false_type{}, softcap);
+        static_assert(!(kFp8 && decltype(needs_mask)::value), "FP8 tiles are not masked by chunks");
+        Tensor scores = scores_of(s_accum, n_block, false_type{}, softcap, factors);
         auto const columns = apply_mask_by_chunks<kMaskChunk>(mask, scores, coords, query_of, n_block * kBlockN);
         return softmax.template update<decltype(is_first)::value>(scores, columns);
       } else {
-        Tensor scores = scores_of(s_accum, n_block, needs_mask, softcap);
-        return softmax.template update<decltype(is_first)::value>(scores);
+        Tensor scores = scores_of(s_accum, n_block, needs_mask, softcap, factors);
+        return softmax.template update<decltype(is_first)::value>(scores, softmax_factors(factors, softcap));
       }
     };
     auto needs_mask = [&](int n_block) {
@@ -975,6 +992,7 @@ struct ForwardMainloop {
     q_full.wait(q_phase);
     int const first_block = blocks.first();
     int n_block = first_block;
+    auto const first_factors = tile_factors(scales, n_block);
     MmaTurns::wait_turn(consumer);
     pipeline_k.consumer_wait(k_read);
     warpgroup_gemm</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_first);
@@ -986,16 +1004,16 @@ struct ForwardMainloop {
     // machine code as before the chunks).
     if constexpr (kMaskByChunks) {
       if (needs_mask(n_block)) {
-        softmax_update(/*is_first=*/true_type{}, s_first, n_block, true_type{}, softcapped());
+        softmax_update(/*is_first=*/true_type{}, s_first, n_block, true_type{}, softcapped(), first_factors);
       } else {
-        softmax_update(/*is_first=*/true_type{}, s_first, n_block, false_type{}, softcapped());
+        softmax_update(/*is_first=*/true_type{}, s_first, n_block, false_type{}, softcapped(), first_factors);
       }
     } else {
-      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{}, softcapped())
-                                          : scores_of(s_first, n_block, false_type{}, softcapped());
-      softmax.template update</*kIsFirst=*/true>(scores);
+      Tensor scores = needs_mask(n_block) ? scores_of(s_first, n_block, true_type{}, softcapped(), first_factors)
+                                          : scores_of(s_first, n_block, false_type{}, softcapped(), first_factors);
+      softmax.template update</*kIsFirst=*/true>(scores, softmax_factors(first_factors, softcapped()));
     }
-    convert_p(s_first, p_regs, p_factor(scales, n_block));
+    convert_p(s_first, p_regs);
     PipelineState v_read = k_read;  // V of the previous key tile, consumed by the pending P V
     ++k_read;
     // The walk: key tiles blocks.end - 1 down to blocks.begin, but first_block. Its last S GEMM is
@@ -1012,6 +1030,7 @@ struct ForwardMainloop {
     typename Softmax::RowValues o_scale = Softmax::unit_factors();
     auto step = [&](int n_block, auto needs_mask, auto softcap) {
       Tensor s_accum = partition_fragment_C(mma_qk, Shape<BlockM, BlockN>{});
+      auto const factors = tile_factors(scales, n_block);
       MmaTurns::wait_turn(consumer);
       pipeline_k.consumer_wait(k_read);
       warpgroup_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), s_accum);
@@ -1024,10 +1043,10 @@ struct ForwardMainloop {
       if constexpr (kReleaseQInWalk) {
         if (n_block == last_walked) q_read_done();
       }
-      o_scale = softmax_update(/*is_first=*/false_type{}, s_accum, n_block, needs_mask, softcap);
+      o_scale = softmax_update(/*is_first=*/false_type{}, s_accum, n_block, needs_mask, softcap, factors);
       warpgroup_wait<0>();  // P V retired: p_regs is free again
       pipeline_v.consumer_release(v_read);
-      convert_p(s_accum, p_regs, p_factor(scales, n_block));
+      convert_p(s_accum, p_regs);
       v_read = k_read;
       ++k_read;
     };

@@ -73,6 +73,17 @@ CUTLASS_DEVICE float interleaved_row_reduce(Scores const& scores, int m, Op op) 
 
 // kChains: dependency chains of the row max and row sum over a thread's columns (one running
 // chain, or interleaved_row_reduce's).
+// Per key tile factors of the FP8 forward's block scaling (fwd_mainloop.h: tile_factors): the
+// kept scores are `score` (> 0) times the computed ones, and P V takes P times 2^p_log2, which the
+// row sums leave out (times inv_p = 2^-p_log2). Folded into the softmax's per-row terms, they cost
+// no instruction per score. The 16-bit kernels pass none.
+struct NoTileFactors {};
+struct TileFactors {
+  float score;
+  float p_log2;
+  float inv_p;
+};
+
 template <int kRows, int kChains>
 struct OnlineSoftmax {
   using RowValues = cute::array<float, kRows>;
@@ -114,30 +125,49 @@ struct OnlineSoftmax {
   }
 
   // Folds one tile of scores (rows, cols) into the running max and sum, replaces the scores with
-  // P = exp(scale * (s - max)), and returns per row the factor by which O must be rescaled.
+  // P = exp(scale * (s - max)) (with TileFactors: s times factors.score, P times 2^p_log2), and
+  // returns per row the factor by which O must be rescaled.
   template <bool kIsFirst, class Scores>
-  CUTLASS_DEVICE RowValues update(Scores& scores) {
+  CUTLASS_DEVICE RowValues update(Scores& scores, NoTileFactors = {}) {
+    return update_rows<kIsFirst, /*kFactors=*/false>(scores, TileFactors{});
+  }
+  template <bool kIsFirst, class Scores>
+  CUTLASS_DEVICE RowValues update(Scores& scores, TileFactors const& factors) {
+    return update_rows<kIsFirst, /*kFactors=*/true>(scores, factors);
+  }
+  template <bool kIsFirst, bool kFactors, class Scores>
+  CUTLASS_DEVICE RowValues update_rows(Scores& scores, TileFactors const& factors) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
     RowValues o_scale;
     CUTLASS_PRAGMA_UNROLL
     for (int m = 0; m < kRows; ++m) {
-      float tile_max = row_max[m];
+      // Without factors the reduction starts from the running max; with them the tile's max is
+      // scaled first (the running max is of kept scores).
+      float tile_max = kFactors ? -cutlass::platform::numeric_limits<float>::infinity() : row_max[m];
       if constexpr (kChains == 1) {
         CUTLASS_PRAGMA_UNROLL
         for (int n = 0; n < cute::size<1>(scores); ++n) tile_max = fmaxf(tile_max, scores(m, n));
       } else {
         tile_max = fmaxf(tile_max, interleaved_row_reduce<kChains>(scores, m, [](float a, float b) { return fmaxf(a, b); }));
       }
+      float exponent_scale = scale_log2;
+      if constexpr (kFactors) {
+        tile_max = fmaxf(row_max[m], tile_max * factors.score);
+        exponent_scale *= factors.score;
+      }
       float const max_scaled = raise_max<kIsFirst>(m, tile_max, o_scale[m]);
+      float offset = -max_scaled;
+      if constexpr (kFactors) offset += factors.p_log2;
       float tile_sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int n = 0; n < cute::size<1>(scores); ++n) {
-        scores(m, n) = fast_exp2(fmaf(scores(m, n), scale_log2, -max_scaled));
+        scores(m, n) = fast_exp2(fmaf(scores(m, n), exponent_scale, offset));
         if constexpr (kChains == 1) tile_sum += scores(m, n);
       }
       if constexpr (kChains > 1) {
         tile_sum = interleaved_row_reduce<kChains>(scores, m, [](float a, float b) { return a + b; });
       }
+      if constexpr (kFactors) tile_sum *= factors.inv_p;
       row_sum[m] = kIsFirst ? tile_sum : fmaf(row_sum[m], o_scale[m], tile_sum);
     }
     return o_scale;
