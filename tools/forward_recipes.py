@@ -195,19 +195,21 @@ def _rows():
     add(d, "local", choice="wide", block_m=128, block_n=80, loops="per_kind",
         why="wide bands on 80-key tiles (D31); a loop per kind (D110)")
 
-    # FP8: two consumer warpgroups (the transposer's register budget: barriers.h), key tiles of a
-    # multiple of 32 (P's A fragments), O in a buffer of its own (16-bit O does not fit 8-bit Q's);
-    # packed rows on the same tiles.
+    # FP8: two consumer warpgroups (the transposer's register budget: barriers.h), three for d = 64's
+    # unpacked rows without mask, key tiles of a multiple of 32 (P's A fragments), O in a buffer of
+    # its own (16-bit O does not fit 8-bit Q's); packed rows on the same tiles.
     fp8_tiles = {(64, 64): 128, (96, 96): 128, (128, 128): 128, (192, 192): 96, (192, 128): 96, (256, 256): 64}
     for d, block_n in fp8_tiles.items():
         why = f"{block_n} keys: the widest multiple of 32 whose Q, K, V, V^T and O fit"
         for pack in (False, True):
-            add(d, "nomask", pack=pack, fp8=True, block_m=128, block_n=block_n, loops="per_softcap", why=why)
+            block_m = 192 if d == (64, 64) and not pack else 128
+            add(d, "nomask", pack=pack, fp8=True, block_m=block_m, block_n=block_n, loops="per_softcap",
+                why=why + ("; three warpgroups: each K / V tile serves 192 rows" if block_m == 192 else ""))
             add(d, "local", pack=pack, fp8=True, block_m=128, block_n=block_n, loops="whole_per_softcap", why=why)
 
     for r in rows:
         r.derived.update(derive(r))
-        assert not r.fp8 or (r.consumers == 2 and r.block_n % 32 == 0 and r.derived["o_buffer"] == "own"), r.name
+        assert not r.fp8 or (r.consumers in (2, 3) and r.block_n % 32 == 0 and r.derived["o_buffer"] == "own"), r.name
     return rows
 
 

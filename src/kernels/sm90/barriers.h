@@ -16,19 +16,20 @@ inline constexpr int kMaxConsumerWarpGroups = 3;  // the named-barrier ids below
 // Two consumers: 128 x (24 + 2 x 240) = 64512 of the SM's 65536 registers;
 // three: 128 x (24 + 3 x 160), as many. One consumer (d = 64's packed GQA rows: the recipe table):
 // two CTAs per SM, each 128 x (24 + 232) = 32768, half the SM's registers. Where producer warps
-// transpose V (kTransposeV, the FP8 forward: fp8_transpose.h), the producer keeps 40 (a 4 x 4 byte
-// transpose in flight) and two consumers 232: 128 x (40 + 2 x 232) = 64512.
+// transpose V (kTransposeV, the FP8 forward: fp8_transpose.h), the producer keeps 40 (four
+// ldmatrix results in flight) and two consumers 232: 128 x (40 + 2 x 232) = 64512; with three
+// consumers 32 and 160: 128 x (32 + 3 x 160) = 65536.
 template <int kConsumers_, bool kTransposeV = false>
 struct WarpGroups {
   static constexpr int kConsumers = kConsumers_;
   static_assert(kConsumers >= 1 && kConsumers <= kMaxConsumerWarpGroups, "one to three consumer warpgroups");
-  static_assert(!kTransposeV || kConsumers == 2, "V transposed for two consumer warpgroups");
+  static_assert(!kTransposeV || kConsumers >= 2, "V transposed for two or three consumer warpgroups");
   static constexpr int kConsumerThreads = kConsumers * kThreadsPerWarpGroup;
   static constexpr int kThreads = (1 + kConsumers) * kThreadsPerWarpGroup;
   static constexpr int kCtasPerSm = ctas_per_sm(kConsumers);
-  static constexpr int kProducerRegisters = kTransposeV ? 40 : 24;
+  static constexpr int kProducerRegisters = kTransposeV ? (kConsumers == 2 ? 40 : 32) : 24;
   static constexpr int kConsumerRegisters =
-      kTransposeV ? 232 : kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
+      kTransposeV && kConsumers == 2 ? 232 : kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
   // The producer warps that transpose V: warps 2 and 3 (warp 0 issues TMA, warp 1 gathers packed Q).
   static constexpr int kFirstTransposeWarp = 2;
   static constexpr int kTransposeThreads = kTransposeV ? 64 : 0;

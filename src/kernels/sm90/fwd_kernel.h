@@ -390,7 +390,7 @@ struct ForwardKernel {
         constexpr int kRows = decltype(size<0>(rowcol_view(o_accum)))::value;
         typename Mainloop::TileScales const scales =
             Mainloop::tile_scales(params.mainloop, tile.head, params.mainloop.rows.kv_head(tile.head), tile.batch,
-                                  tile.m_block);
+                                  tile.m_block, consumer);
         OnlineSoftmax<kRows, Mainloop::kRecipe.softmax_chains> softmax(scales.score_scale_log2);
         // The rows' LSE, and O normalised: by the mainloop where it finalizes under its last P V
         // (kTotalsUnderLastPV), else after the branch below (inside it, ptxas would move the

@@ -135,7 +135,7 @@ struct ForwardMainloop {
   // 16-bit O does not fit in 8-bit Q's buffer.
   static_assert(!kFp8 || kSeparateO, "FP8 stages O in a buffer of its own");
   // A query tile is one block of block scaling's query scales.
-  static_assert(!kFp8 || kBlockM == kFp8ScaleBlockRows, "FP8 query tiles of one scale block");
+  static_assert(!kFp8 || kFp8ScaleBlockRows % 64 == 0, "a warpgroup's 64 query rows in one scale block");
   // The turns go between two warpgroups that each store all their rows (unpacked, no split merge).
   static_assert(!kTakeTurnsO || (kConsumerWarpGroups == 2 && !kPackGqa && !Mask::kIsLocal &&
                                  kQKVBytes + cute::cosize_v<SmemLayoutOOneWarpGroup> * sizeof(ElementO) + 2048 <=
@@ -322,12 +322,12 @@ struct ForwardMainloop {
   // The scales of one tile's scores and O: the call's, and with FP8 its (batch, KV head)'s descales
   // folded in (as FlashAttention-3: softcap's argument and the softmax's exponent scale by
   // q_descale k_descale, O by v_descale). With block scales, key tile n's scores are multiplied by
-  // the tile's query block scale times the key block scale, and its P by its value block scale
+  // the warpgroup's query block scale times the key block scale, and its P by its value block scale
   // over the head's largest (tile_factors), which O's normalisation takes back (o_scale): P stays
   // in [0, 256], inside e4m3's range.
   struct NoBlockScales {};
   struct TileBlockScales {
-    float q;                            // the tile's query block scale
+    float q;                            // the query block scale of the warpgroup's rows
     float const* k;                     // the head's key block scales, or null without block scaling
     float const* v;                     // its value block scales
     int64_t k_stride, v_stride;
@@ -342,7 +342,8 @@ struct ForwardMainloop {
   };
   // The key block of key tile n_block: key tiles lie in one block of 128 keys (validation).
   static CUTLASS_DEVICE int key_block(int n_block) { return n_block * kBlockN / kFp8ScaleBlockRows; }
-  static CUTLASS_DEVICE TileScales tile_scales(Params const& params, int head, int head_kv, int batch, int m_block) {
+  static CUTLASS_DEVICE TileScales tile_scales(Params const& params, int head, int head_kv, int batch, int m_block,
+                                               int consumer) {
     if constexpr (kFp8) {
       Fp8Descales const& d = params.descales;
       auto const read = [&](float const* at, int64_t batch_stride, int64_t head_stride) {
@@ -357,8 +358,12 @@ struct ForwardMainloop {
       // Block scales come with fixed-length batches only (validation).
       if (!kVarlen && d.k_block.data != nullptr) {
         TileBlockScales& b = scales.blocks;
+        // The warpgroup's rows lie in one block; rows all past the last query take the last block's
+        // scale (their output is never stored), so that no read leaves the scales.
+        int const q_blocks = (params.seqlen_q + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows;
+        int const q_block = min((m_block * kBlockM + 64 * consumer) / kFp8ScaleBlockRows, q_blocks - 1);
         b.q = __ldg(d.q_block.data + batch * d.q_block.batch_stride + head * d.q_block.head_stride +
-                    m_block * d.q_block.block_stride);
+                    q_block * d.q_block.block_stride);
         b.k = d.k_block.data + batch * d.k_block.batch_stride + head_kv * d.k_block.head_stride;
         b.v = d.v_block.data + batch * d.v_block.batch_stride + head_kv * d.v_block.head_stride;
         b.k_stride = d.k_block.block_stride;
@@ -380,8 +385,8 @@ struct ForwardMainloop {
     }
   }
   // The softmax's factors of key tile n_block (softmax.h): with FP8 block scales its scores times
-  // the tile's query block scale times the key block scale, its P times its value block scale over
-  // the head's largest; unit factors without block scales, none for 16-bit kernels. Factors of 0
+  // the warpgroup's query block scale times the key block scale, its P times its value block scale
+  // over the head's largest; unit factors without block scales, none for 16-bit kernels. Factors of 0
   // (blocks of zeros) are kept just above: -inf stays -inf, and P's share of the row sum survives
   // the division by its factor (such P rounds to 0 in e4m3 all the same).
   static CUTLASS_DEVICE auto tile_factors(TileScales const& scales, int n_block) {
