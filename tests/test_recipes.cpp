@@ -69,10 +69,10 @@ TEST_P(Recipe, FitsTheKernelsLimits) {
   // default are the head dim's own tiles for it.
   EXPECT_TRUE(!r.pack_gqa || r.tile_choice == flashhop::sm90::default_tile_choice(r.local())) << r.name;
   EXPECT_TRUE(r.local() || !r.mask_by_chunks) << r.name;
-  // FP8: two consumer warpgroups (the transposer's register budget), key tiles of whole 32-column
-  // A fragments of P, O in its own buffer; compiled for variable-length batches too.
+  // FP8: two or three consumer warpgroups (the transposer's register budget), key tiles of whole
+  // 32-column A fragments of P, O in its own buffer; compiled for variable-length batches too.
   if (r.fp8) {
-    EXPECT_EQ(r.block_m, 128) << r.name;
+    EXPECT_TRUE(r.block_m == 128 || r.block_m == 192) << r.name;
     EXPECT_EQ(r.block_n % 32, 0) << r.name;
     EXPECT_EQ(r.o_buffer, OBuffer::kOwn) << r.name;
     EXPECT_TRUE(r.varlen) << r.name;
