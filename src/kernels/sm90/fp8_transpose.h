@@ -118,7 +118,7 @@ struct VTransposer {
   // lane of both warps calls it (ldmatrix and stmatrix are warp-wide).
   static CUTLASS_DEVICE void transpose(std::uint8_t const* v, std::uint8_t* vt, LaneOffsets mine) {
     // Opaque to the compiler in each call: else it hoists every round's offsets out of the
-    // caller's loop over stages and spills them, the producer warps having 40 registers.
+    // caller's loop over stages and spills them, the producer warps having 32 or 40 registers.
     asm volatile("" : "+r"(mine.load), "+r"(mine.store));
     CUTLASS_PRAGMA_UNROLL
     for (int first = 0; first < kRounds; first += kBatch) {

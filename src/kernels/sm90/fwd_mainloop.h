@@ -395,8 +395,7 @@ struct ForwardMainloop {
       float const score = scales.blocks.q * __ldg(scales.blocks.k + key_block(n_block) * scales.blocks.k_stride);
       float const p = fmaxf(__ldg(scales.blocks.v + key_block(n_block) * scales.blocks.v_stride) *
                                 scales.blocks.inv_v_max, 0x1p-64f);
-      return TileFactors{fmaxf(score, 0x1p-126f), fast_log2(p),
-                         fast_reciprocal(p)};
+      return TileFactors{fmaxf(score, 0x1p-126f), fast_log2(p), fast_reciprocal(p)};
     } else {
       return NoTileFactors{};
     }
