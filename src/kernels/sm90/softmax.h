@@ -71,8 +71,6 @@ CUTLASS_DEVICE float interleaved_row_reduce(Scores const& scores, int m, Op op) 
   return chain[0];
 }
 
-// kChains: dependency chains of the row max and row sum over a thread's columns (one running
-// chain, or interleaved_row_reduce's).
 // Per key tile factors of the FP8 forward's block scaling (fwd_mainloop.h: tile_factors): the
 // kept scores are `score` (> 0) times the computed ones, and P V takes P times 2^p_log2, which the
 // row sums leave out (times inv_p = 2^-p_log2). Folded into the softmax's per-row terms, they cost
@@ -84,6 +82,8 @@ struct TileFactors {
   float inv_p;
 };
 
+// kChains: dependency chains of the row max and row sum over a thread's columns (one running
+// chain, or interleaved_row_reduce's).
 template <int kRows, int kChains>
 struct OnlineSoftmax {
   using RowValues = cute::array<float, kRows>;
