@@ -1866,6 +1866,18 @@ TEST(BackwardPlan, WorkspaceHoldsRowValuesAndTheDqAccumulator) {
   EXPECT_TRUE(flashhop::detail::plan_backward(args).recipe_of().local());
 }
 
+TEST(BackwardPlan, WorkspaceBlocksAreTheRecipesQueryTiles) {
+  // d = 64 walks query tiles of 128 rows: batch 2, seqlen_q 200 (two blocks of 128), 8 heads.
+  flashhop::BackwardArgs args = valid_backward_args(Problem{2, 200, 65, 8, 2, 64});
+  const flashhop::detail::BackwardPlan plan = flashhop::detail::plan_backward(args);
+  ASSERT_EQ(plan.recipe_of().block_m, 128);
+  args.deterministic = true;
+  std::size_t bytes = 0;
+  ASSERT_TRUE(flashhop::backward_workspace_size(args, &bytes).ok());
+  const std::size_t rows = 2 * 8 * 2 * 128;
+  EXPECT_EQ(bytes, rows * 4 + rows * 4 + rows * 64 * 4 + 256);  // 32 semaphores, rounded up to 256 bytes
+}
+
 TEST(BackwardPlan, VariableLengthWorkspaceGivesEachSequenceItsOwnRowBlocks) {
   // 3 sequences in 100 query rows, max_seqlen_q 50, 8 heads, d 128: each head holds ceil(100 / 64)
   // + 3 row blocks, and the semaphores are 3 * 8 * ceil(50 / 64).

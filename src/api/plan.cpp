@@ -436,7 +436,7 @@ BackwardPlan plan_backward(const BackwardArgs& args) {
                        ? sm90::BackwardWorkspace{}
                        : sm90::BackwardWorkspace::plan(params.batch, params.nheads, params.seqlen_q,
                                                        varlen ? params.total_q : -1, params.head_dim,
-                                                       params.deterministic);
+                                                       params.deterministic, plan.recipe_of().block_m);
   return plan;
 }
 

@@ -86,7 +86,6 @@ struct BackwardKernel {
   static constexpr int kBlockM = kRecipe.block_m;
   static constexpr int kBlockN = kRecipe.block_n;
   static constexpr int kStages = kRecipe.stages;
-  static_assert(kBlockM == kBackwardRowBlock, "the workspace's row blocks are the query tiles");
   static constexpr int kConsumers = kRecipe.consumer_warpgroups();
   static constexpr bool kSplitColumns = kRecipe.split == DkvSplit::kColumns;
   // Two consumer warpgroups: each takes half of dQ's columns (a wgmma atom of N = d / 2), and
@@ -158,19 +157,32 @@ struct BackwardKernel {
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutK{}, cute::make_ordered_layout(cute::Shape<HeadDim, BlockN>{}, cute::Step<cute::_2, cute::_1>{})));
   // dS as the A operand of dQ = dS K: (kBlockM, kBlockN) with the query rows contiguous (MN-major),
-  // so that the consumers write their dS^T fragments (key rows, query columns) untransposed.
+  // so that the consumers store their dS^T fragments (key rows, query columns) untransposed, by
+  // stmatrix. Steps take the kDsStages buffers in turn: a step writes its dS^T while the other
+  // warpgroup's GEMMs of the step before may still read theirs.
+  static constexpr int kDsStages = 2;
+  using DsStages = cute::Int<kDsStages>;
   using SmemLayoutDS = decltype(cute::tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::MN, Element, BlockM, BlockN>(),
-      cute::Shape<BlockM, BlockN>{}));
+      cute::Shape<BlockM, BlockN, DsStages>{}));
   using SmemLayoutDSt = decltype(cute::composition(
-      SmemLayoutDS{}, cute::make_ordered_layout(cute::Shape<BlockN, BlockM>{}, cute::Step<cute::_2, cute::_1>{})));
+      SmemLayoutDS{}, cute::make_ordered_layout(cute::Shape<BlockN, BlockM, DsStages>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (kBlockN, kBlockM, stage)
 
-  // dQ of one query tile in the order of the consumers' fragments: value j of thread t's chunk c of
-  // four lies at (c kConsumerThreads + t) 4 + j, so that each chunk is one conflict-free 16-byte
-  // store per thread. The workspace's accumulator keeps this order; the postprocess undoes it.
+  // dQ of one query tile in the order of the consumers' fragments: each consumer warpgroup's
+  // columns are one contiguous span of kDqSpanFloats, which it reduces into the accumulator on its
+  // own; in it, value j of the chunk c of four of the warpgroup's thread t lies at
+  // (c kThreadsPerWarpGroup + t) 4 + j, so that each chunk is one conflict-free 16-byte store per
+  // thread. The workspace's accumulator keeps this order; the postprocess undoes it.
   static constexpr int kDqFragment = kBlockM * kHeadDim / kConsumerThreads;
   static_assert(kDqFragment % 4 == 0, "dQ fragments in chunks of four");
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
+  static constexpr int kDqSpanFloats = kDqTileFloats / kConsumers;
+  // The float4 index of chunk c of consumer thread `thread_idx` (in [0, kConsumerThreads)).
+  static CUTLASS_DEVICE int dq_chunk(int c, int thread_idx) {
+    return thread_idx / kThreadsPerWarpGroup * (kDqSpanFloats / 4) + c * kThreadsPerWarpGroup +
+           thread_idx % kThreadsPerWarpGroup;
+  }
 
   // TMA tiles are 128-byte swizzled: their buffers start on 1024-byte boundaries.
   struct SharedStorage {
@@ -200,7 +212,8 @@ struct BackwardKernel {
 
   // Named barriers of the consumers (ids offset past CUTLASS's reserved ones by NamedBarrier).
   static constexpr unsigned kDsReadyBarrier = 0;  // both warpgroups' dS^T are in shared memory
-  static constexpr unsigned kDqBarrier = 1;       // around the dQ buffer's refill
+  // Consumer warpgroup w's, around the refill of its span of the dQ buffer: kDqBarrier + w.
+  static constexpr unsigned kDqBarrier = 1;
 
   template <class Dim>
   using GmemTensorOf = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
@@ -239,7 +252,7 @@ struct BackwardKernel {
       VarlenSequences sequences{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, nullptr,
                                 p.total_q,      p.total_k,      p.seqlen_q,  p.seqlen_k};
       BackwardWorkspace const workspace = BackwardWorkspace::plan(
-          p.batch, p.nheads, p.seqlen_q, p.cu_seqlens_q != nullptr ? p.total_q : -1, p.head_dim, false);
+          p.batch, p.nheads, p.seqlen_q, p.cu_seqlens_q != nullptr ? p.total_q : -1, p.head_dim, false, kBlockM);
       return {sequences, p.seqlen_q, p.seqlen_k, p.nheads, (p.seqlen_q + kBlockM - 1) / kBlockM,
               workspace.blocks_per_head};
     }
@@ -453,17 +466,19 @@ struct BackwardKernel {
     Tensor tDVrDOt = mma_dv.get_slice(warpgroup_thread).partition_fragment_B(sDOt);
     Tensor tDKrQt = mma_dk.get_slice(warpgroup_thread).partition_fragment_B(sQt);
     // P^T and dS^T as the A operands of dV and dK (kSplitColumns only)
-    Tensor tDVrPt = mma_dv.get_slice(warpgroup_thread).partition_fragment_A(sPt);
-    Tensor tDKrDSt = mma_dk.get_slice(warpgroup_thread).partition_fragment_A(sDSt);
-    Tensor tDQrDS = mma_dq.get_slice(warpgroup_thread).partition_fragment_A(sDS);
+    Tensor tDVrPt = mma_dv.get_slice(warpgroup_thread).partition_fragment_A(sPt);    // (..., ds stage)
+    Tensor tDKrDSt = mma_dk.get_slice(warpgroup_thread).partition_fragment_A(sDSt);  // (..., ds stage)
+    Tensor tDQrDS = mma_dq.get_slice(warpgroup_thread).partition_fragment_A(sDS);    // (..., ds stage)
     Tensor tDQrKt = mma_dq.get_slice(warpgroup_thread).partition_fragment_B(sKt);
 
     auto thr_s = mma_s.get_thread_slice(thread_idx);
-    // (key row, query column) within the tile of each of this thread's S^T elements, and the same
-    // elements' places in dS^T's buffer.
+    // (key row, query column) within the tile of each of this thread's S^T elements.
     Tensor coords = thr_s.partition_C(make_identity_tensor(Shape<BlockN, BlockM>{}));
-    Tensor tSsDSt = thr_s.partition_C(sDSt);
-    Tensor tSsPt = thr_s.partition_C(sPt);
+    // dS^T's and P^T's fragments into their buffers by stmatrix: 16-byte rows of 8 query columns.
+    auto store_scores = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_s);
+    auto thr_store_scores = store_scores.get_thread_slice(thread_idx);
+    Tensor tSsDSt = thr_store_scores.partition_D(sDSt);  // (CPY, CPY_N, CPY_M, ds stage)
+    Tensor tSsPt = thr_store_scores.partition_D(sPt);
 
     Tensor dv_accum = partition_fragment_C(mma_dv, Shape<BlockN, HeadDimV>{});
     Tensor dk_accum = partition_fragment_C(mma_dk, Shape<BlockN, HeadDim>{});
@@ -473,7 +488,7 @@ struct BackwardKernel {
     int const group = params.rows.nheads / params.nheads_kv;
     int const m_count = blocks.end - blocks.begin;
     int const first_key = work.n_block * kBlockN;
-    bool const leader = thread_idx == 0;  // issues the dQ reductions
+    bool const leader = thread_idx % kThreadsPerWarpGroup == 0;  // issues the warpgroup's dQ reductions
     if (steps > 0) shared.kv_full.wait(0);
     PipelineState read;
     CUTLASS_PRAGMA_NO_UNROLL
@@ -506,7 +521,7 @@ struct BackwardKernel {
           kept = fast_tanh(kept * params.softcap_prescale);
           dtanh(i) = 1.f - kept * kept;
         }
-        s_accum(i) = exp2f(kept * params.score_scale_log2 - lse_log2[col]);
+        s_accum(i) = fast_exp2(fmaf(kept, params.score_scale_log2, -lse_log2[col]));
       }
       if (!whole_tile) {
         CUTLASS_PRAGMA_UNROLL
@@ -529,54 +544,60 @@ struct BackwardKernel {
       convert_fragment_into(s_accum, p_regs);
       Tensor ds_regs = make_tensor<Element>(accumulator_as_a_operand(dp_accum.layout()));
       convert_fragment_into(dp_accum, ds_regs);
-      if constexpr (kSplitColumns) {
-        copy(make_tensor(p_regs.data(), s_accum.layout()), tSsPt);  // the same registers, C's layout
-      } else {
-        warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
-      }
+      if constexpr (!kSplitColumns) warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
 
-      // dS^T (and P^T) into shared memory; the last step's GEMMs have read them (kDqBarrier).
-      Tensor ds_rows = make_tensor(ds_regs.data(), dp_accum.layout());  // the same registers, C's layout
-      copy(ds_rows, tSsDSt);
+      // dS^T (and P^T) into this step's buffers: both warpgroups' GEMMs of two steps ago, the last
+      // to read them, were complete when they passed the last step's kDsReadyBarrier.
+      int const ds_stage = step % kDsStages;
+      if constexpr (kSplitColumns) {  // the same registers, C's layout
+        copy(store_scores, thr_store_scores.retile_S(make_tensor(p_regs.data(), s_accum.layout())),
+             tSsPt(_, _, _, ds_stage));
+      }
+      copy(store_scores, thr_store_scores.retile_S(make_tensor(ds_regs.data(), dp_accum.layout())),
+           tSsDSt(_, _, _, ds_stage));
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDsReadyBarrier);
 
+      // dQ's GEMM first, so that its span goes into the accumulator while dK's (and dV's) run.
+      Tensor dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
+      warpgroup_gemm<true, -1>(mma_dq, tDQrDS(_, _, _, ds_stage), tDQrKt, dq);
       if constexpr (kSplitColumns) {
-        warpgroup_gemm<false, -1>(mma_dv, tDVrPt, tDVrDOt(_, _, _, stage), dv_accum);
-        warpgroup_gemm<false, -1>(mma_dk, tDKrDSt, tDKrQt(_, _, _, stage), dk_accum);
+        warpgroup_gemm<false, -1>(mma_dv, tDVrPt(_, _, _, ds_stage), tDVrDOt(_, _, _, stage), dv_accum);
+        warpgroup_gemm<false, -1>(mma_dk, tDKrDSt(_, _, _, ds_stage), tDKrQt(_, _, _, stage), dk_accum);
+        warpgroup_wait<2>();
       } else {
         warpgroup_gemm<false, -1>(mma_dk, ds_regs, tDKrQt(_, _, _, stage), dk_accum);
+        warpgroup_wait<1>();  // dV's GEMM (issued first) and dQ's
       }
-      Tensor dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
-      warpgroup_gemm<true, 0>(mma_dq, tDQrDS, tDQrKt, dq);
-      pipeline_q.consumer_release(read);
-      pipeline_do.consumer_release(read);
-      ++read;
+      warpgroup_fence_operand(dq);
 
-      // dQ into its buffer, once the last reduction has read it, then added into the accumulator.
+      // The warpgroup's span of dQ into its buffer, once its last reduction has read it, then added
+      // into the accumulator.
       if (leader) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDqBarrier);
+      cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
       float4* dq_chunks = reinterpret_cast<float4*>(shared.dq.data());
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kDqFragment / 4; ++c) {
-        dq_chunks[c * kConsumerThreads + thread_idx] =
-            make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
+        dq_chunks[dq_chunk(c, thread_idx)] = make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
       }
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDqBarrier);
+      cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
       if (leader) {
         int64_t const block = params.rows.row_block(seq, head, m_block);
         int* semaphore = params.dq_semaphore != nullptr
                              ? params.dq_semaphore + params.rows.semaphore(work.batch, head, m_block)
                              : nullptr;
         if (semaphore != nullptr) {
-          // This tile's turn: after every lower key tile that visits the query tile.
+          // This tile's turn: after both warpgroups of every lower key tile that visits the query
+          // tile have added theirs (each adds 1).
           int const last_query = cute::min(m_block * kBlockM + kBlockM, seq.seqlen_q) - 1;
           int const turn = work.n_block - mask.template key_blocks<kBlockN>(m_block * kBlockM, last_query).begin;
-          while (load_acquire(semaphore) != turn) {
+          while (load_acquire(semaphore) < kConsumers * turn) {
           }
         }
-        bulk_reduce_add(params.dq_accum + block * kDqTileFloats, shared.dq.data(), kDqTileFloats * sizeof(float));
+        int const span = consumer * kDqSpanFloats;
+        bulk_reduce_add(params.dq_accum + block * kDqTileFloats + span, shared.dq.data() + span,
+                        kDqSpanFloats * sizeof(float));
         tma_store_arrive();
         if (semaphore != nullptr) {
           bulk_wait_complete();
@@ -584,8 +605,12 @@ struct BackwardKernel {
           atomicAdd(semaphore, 1);
         }
       }
+      warpgroup_wait<0>();  // dK's (and dV's) GEMMs have read this stage's Q and dO
+      pipeline_q.consumer_release(read);
+      pipeline_do.consumer_release(read);
+      ++read;
     }
-    if (leader) tma_store_wait<0>();  // the last reduction has read the buffer before the CTA exits
+    if (leader) tma_store_wait<0>();  // the last reduction has read the span before the CTA exits
 
     store_rows<kHeadDim>(dk_accum, mma_dk, params.dk, params.dk_batch_stride, params.dk_row_stride,
                          params.dk_head_stride, params.softmax_scale, work, seq, thread_idx);
@@ -757,7 +782,7 @@ struct BackwardKernel {
                   at.seq.q_begin * params.dq_row_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < kDqFragment / 4; ++c) {
-      float4 const chunk = accum[c * kConsumerThreads + thread_idx];
+      float4 const chunk = accum[dq_chunk(c, thread_idx)];
       float const values[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; j += 2) {

@@ -5,10 +5,6 @@
 
 namespace flashhop::sm90 {
 
-// Query rows per block of the workspace's per-row values and dQ accumulator: every backward
-// recipe's block_m.
-inline constexpr int kBackwardRowBlock = 64;
-
 struct BackwardParams {
   const void* q = nullptr;     // (batch, seqlen_q, nheads, head_dim)
   const void* k = nullptr;     // (batch, seqlen_k, nheads_kv, head_dim)
@@ -63,26 +59,25 @@ struct BackwardParams {
   int* dq_semaphore = nullptr;
 };
 
-// Where each part of the backward workspace lies, for query blocks of kBackwardRowBlock rows. Each
-// head holds blocks_per_head blocks: a fixed-length batch's sequences ceil(seqlen_q / 64) blocks
-// each, one after another; in a variable-length batch sequence b's blocks start at block
-// floor((cu_seqlens_q[b] + 64 b) / 64) (first_row_block), so that no two sequences share a block.
+// Where each part of the backward workspace lies, for query blocks of row_block rows (the recipe's
+// block_m, its kernels' query tile). Each head holds blocks_per_head blocks: a fixed-length batch's
+// sequences ceil(seqlen_q / row_block) blocks each, one after another; in a variable-length batch
+// sequence b's blocks start at block floor((cu_seqlens_q[b] + row_block b) / row_block), so that no
+// two sequences share a block.
 struct BackwardWorkspace {
   std::int64_t blocks_per_head;
   std::int64_t lse_offset, delta_offset, dq_accum_offset, semaphore_offset, bytes;
 
   static constexpr std::int64_t align(std::int64_t bytes) { return (bytes + 255) / 256 * 256; }
-  static constexpr std::int64_t blocks(std::int64_t rows) {
-    return (rows + kBackwardRowBlock - 1) / kBackwardRowBlock;
-  }
 
   // seqlen_q: the sequences' bound; total_q: a variable-length batch's rows, or -1.
   static constexpr BackwardWorkspace plan(int batch, int nheads, int seqlen_q, std::int64_t total_q, int head_dim,
-                                          bool deterministic) {
+                                          bool deterministic, int row_block) {
+    auto const blocks = [row_block](std::int64_t rows) { return (rows + row_block - 1) / row_block; };
     BackwardWorkspace w{};
     std::int64_t const sequence_blocks = blocks(seqlen_q);
     w.blocks_per_head = total_q < 0 ? batch * sequence_blocks : blocks(total_q) + batch;
-    std::int64_t const rows = std::int64_t{nheads} * w.blocks_per_head * kBackwardRowBlock;
+    std::int64_t const rows = std::int64_t{nheads} * w.blocks_per_head * row_block;
     w.lse_offset = 0;
     w.delta_offset = align(rows * 4);
     w.dq_accum_offset = w.delta_offset + align(rows * 4);
