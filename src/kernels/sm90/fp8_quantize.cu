@@ -143,12 +143,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kHeadDim>) quantize_
   __shared__ float warp_max[kWarps];
   __shared__ float group_descale;
 
-  // Heads vary fastest, so that neighbouring CTAs read neighbouring heads of the same rows. Rows in
-  // 64 bits: the last tile's reach past a seqlen close to 2^31.
+  // Heads vary fastest, so that neighbouring CTAs read neighbouring heads of the same rows. The
+  // quantize pass walks the tiles in reverse: it starts on those the amax pass read last, which L2
+  // still holds. Rows in 64 bits: the last tile's reach past a seqlen close to 2^31.
   auto const blocks = static_cast<unsigned>((std::int64_t{p.seqlen} + kFp8ScaleBlockRows - 1) / kFp8ScaleBlockRows);
-  int const head = static_cast<int>(blockIdx.x % p.nheads);
-  int const block = static_cast<int>(blockIdx.x / p.nheads % blocks);
-  int const batch = static_cast<int>(blockIdx.x / p.nheads / blocks);
+  unsigned const tile = kPass == Pass::kQuantize ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  int const head = static_cast<int>(tile % p.nheads);
+  int const block = static_cast<int>(tile / p.nheads % blocks);
+  int const batch = static_cast<int>(tile / p.nheads / blocks);
   int const lane = static_cast<int>(threadIdx.x % kLanesPerRow);
   std::int64_t const row = std::int64_t{block} * kFp8ScaleBlockRows + threadIdx.x / kLanesPerRow;
   bool const in_rows = row < p.seqlen;
