@@ -563,14 +563,23 @@ struct BackwardKernel {
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDsReadyBarrier);
 
-      // dQ's GEMM first, so that its span goes into the accumulator while dK's (and dV's) run.
       Tensor dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
-      warpgroup_gemm<true, -1>(mma_dq, tDQrDS(_, _, _, ds_stage), tDQrKt, dq);
+      auto const release_stage = [&] {
+        pipeline_q.consumer_release(read);
+        pipeline_do.consumer_release(read);
+      };
       if constexpr (kSplitColumns) {
+        // dV's and dK's GEMMs first: the stage goes back to the producer as soon as they have read
+        // its dO and Q (d = 256 has one), so that dQ's trip to the accumulator overlaps the next load.
         warpgroup_gemm<false, -1>(mma_dv, tDVrPt(_, _, _, ds_stage), tDVrDOt(_, _, _, stage), dv_accum);
         warpgroup_gemm<false, -1>(mma_dk, tDKrDSt(_, _, _, ds_stage), tDKrQt(_, _, _, stage), dk_accum);
-        warpgroup_wait<2>();
+        warpgroup_gemm<true, -1>(mma_dq, tDQrDS(_, _, _, ds_stage), tDQrKt, dq);
+        warpgroup_wait<1>();
+        release_stage();
+        warpgroup_wait<0>();
       } else {
+        // dQ's GEMM before dK's, so that its span goes into the accumulator while dK's runs.
+        warpgroup_gemm<true, -1>(mma_dq, tDQrDS(_, _, _, ds_stage), tDQrKt, dq);
         warpgroup_gemm<false, -1>(mma_dk, ds_regs, tDKrQt(_, _, _, stage), dk_accum);
         warpgroup_wait<1>();  // dV's GEMM (issued first) and dQ's
       }
@@ -610,9 +619,10 @@ struct BackwardKernel {
           atomicAdd(semaphore, 1);
         }
       }
-      warpgroup_wait<0>();  // dK's (and dV's) GEMMs have read this stage's Q and dO
-      pipeline_q.consumer_release(read);
-      pipeline_do.consumer_release(read);
+      if constexpr (!kSplitColumns) {
+        warpgroup_wait<0>();  // dK's GEMM has read this stage's Q
+        release_stage();
+      }
       ++read;
     }
     if (leader) tma_store_wait<0>();  // the last reduction has read the span before the CTA exits
