@@ -531,16 +531,8 @@ struct BackwardKernel {
           if (key < keys.begin || key >= keys.end) s_accum(i) = 0.f;
         }
       }
-      Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_accum.layout()));
-      convert_fragment_into(s_accum, p_regs);
-      if constexpr (kSplitColumns) {
-        warpgroup_wait<0>();
-      } else {  // dV's GEMM runs while dS^T is computed
-        warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
-        warpgroup_wait<1>();  // dP^T's GEMM, issued before dV's
-      }
-      warpgroup_fence_operand(dp_accum);
       // dS^T = P^T (dP^T - D) (1 - t^2), without softmax_scale.
+      warpgroup_wait<0>();
       float const* delta = shared.delta.data() + stage * kBlockM;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(dp_accum); ++i) {
@@ -548,8 +540,11 @@ struct BackwardKernel {
         if constexpr (kSoftcap) ds *= dtanh(i);
         dp_accum(i) = ds;
       }
+      Tensor p_regs = make_tensor<Element>(accumulator_as_a_operand(s_accum.layout()));
+      convert_fragment_into(s_accum, p_regs);
       Tensor ds_regs = make_tensor<Element>(accumulator_as_a_operand(dp_accum.layout()));
       convert_fragment_into(dp_accum, ds_regs);
+      if constexpr (!kSplitColumns) warpgroup_gemm<false, -1>(mma_dv, p_regs, tDVrDOt(_, _, _, stage), dv_accum);
 
       // dS^T (and P^T) into this step's buffers: both warpgroups' GEMMs of two steps ago, the last
       // to read them, were complete when they passed the last step's kDsReadyBarrier.
