@@ -774,11 +774,16 @@ struct BackwardKernel {
     for (int i = threadIdx.x; i < kDqTileFloats / 4; i += kConsumerThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
-  // dQ = softmax_scale * accumulator of the tile's rows below the sequence's seqlen_q: thread t
-  // reads the values that consumer thread t added (TiledMmaDQ's fragment), two adjacent columns per
-  // store.
+  // dQ = softmax_scale * accumulator of the tile's rows below the sequence's seqlen_q. Thread t
+  // reads the values that consumer thread t added (TiledMmaDQ's fragment) and puts them, converted,
+  // into the tile's rows in shared memory; then the rows go out in 16-byte pieces, consecutive
+  // threads along a row (the fragment's own 4-byte pairs, 8 rows a warp, would use half of each
+  // 32-byte sector). Rows are padded by 16 bytes, so that the fragment's 8 rows a store take
+  // different banks.
+  static constexpr int kDqRowPitch = kHeadDim + 16 / sizeof(Element);
   static CUTLASS_DEVICE void postprocess(RowParams const& params) {
     using namespace cute;
+    __shared__ alignas(16) Element tile[kBlockM * kDqRowPitch];
     RowBlock const at = row_block_of(params);
     if (at.empty()) return;
     int const m_block = at.m_block, head = at.head, batch = at.batch;
@@ -788,19 +793,36 @@ struct BackwardKernel {
     TiledMmaDQ mma_dq;
     Tensor coords = mma_dq.get_thread_slice(thread_idx).partition_C(make_identity_tensor(Shape<BlockM, HeadDim>{}));
     static_assert(decltype(size(coords))::value == kDqFragment);
-    Element* dq = params.dq + batch * params.dq_batch_stride + head * params.dq_head_stride +
-                  at.seq.q_begin * params.dq_row_stride;
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < kDqFragment / 4; ++c) {
       float4 const chunk = accum[dq_chunk(c, thread_idx)];
       float const values[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; j += 2) {
-        int const row = m_block * kBlockM + get<0>(coords(4 * c + j));
-        if (row < at.seq.seqlen_q) {
-          store_pair(dq + row * params.dq_row_stride + get<1>(coords(4 * c + j)), values[j] * params.softmax_scale,
-                     values[j + 1] * params.softmax_scale);
-        }
+        store_pair(tile + get<0>(coords(4 * c + j)) * kDqRowPitch + get<1>(coords(4 * c + j)),
+                   values[j] * params.softmax_scale, values[j + 1] * params.softmax_scale);
+      }
+    }
+    __syncthreads();
+    Element* dq = params.dq + batch * params.dq_batch_stride + head * params.dq_head_stride +
+                  (at.seq.q_begin + int64_t{m_block} * kBlockM) * params.dq_row_stride;
+    int const rows = cute::min(int{kBlockM}, at.seq.seqlen_q - m_block * kBlockM);
+    // 16-byte stores where dQ's rows allow them (the last dimension is contiguous; the rows' start
+    // and stride decide), else 4-byte ones.
+    bool const wide = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && params.dq_row_stride % (16 / sizeof(Element)) == 0;
+    if (wide) {
+      constexpr int kPieces = kHeadDim * sizeof(Element) / 16;  // per row
+      for (int i = thread_idx; i < rows * kPieces; i += kConsumerThreads) {
+        int const row = i / kPieces, col = i % kPieces * (16 / sizeof(Element));
+        *reinterpret_cast<uint4*>(dq + row * params.dq_row_stride + col) =
+            *reinterpret_cast<uint4 const*>(tile + row * kDqRowPitch + col);
+      }
+    } else {
+      constexpr int kPieces = kHeadDim / 2;
+      for (int i = thread_idx; i < rows * kPieces; i += kConsumerThreads) {
+        int const row = i / kPieces, col = i % kPieces * 2;
+        *reinterpret_cast<uint32_t*>(dq + row * params.dq_row_stride + col) =
+            *reinterpret_cast<uint32_t const*>(tile + row * kDqRowPitch + col);
       }
     }
   }
