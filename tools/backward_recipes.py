@@ -5,10 +5,10 @@ A recipe is a (head dims, mask kind) configuration, compiled once per dtype of f
 (each file holds the kernel with and without soft-capping). Two consumer warpgroups share the CTA's
 block_n key rows (bwd_recipe.h's DkvSplit) while it walks query tiles of block_m rows; its shared
 memory holds K and V (block_n x d, block_n x dv), `stages` Q and dO tiles, two dS tiles (block_m x
-block_n; two of P^T too with the columns split) and dq_buffers of dQ in fp32 (block_m x d).
-Registers per consumer thread (240): with key rows split (block_n 128), dK and dV accumulators
-d / 2 and dv / 2 floats, S^T and dP^T block_m / 2 each, dQ d block_m / 256; with columns split
-(block_n 64), dK and dV d / 4 and dv / 4, S^T and dP^T 16 each, dQ d / 4.
+block_n; two of P^T too with the columns split) and dQ in fp32 (block_m x d). Registers per
+consumer thread (240): with key rows split (block_n 128), dK and dV accumulators d / 2 and dv / 2
+floats, S^T and dP^T block_m / 2 each, dQ d block_m / 256; with columns split (block_n 64), dK and dV d / 4 and dv / 4,
+S^T and dP^T 16 each, dQ d / 4.
 """
 from dataclasses import dataclass
 
@@ -25,7 +25,6 @@ class Recipe:
     block_n: int = 128
     stages: int = 2
     split: str = "key_rows"  # or "columns"
-    dq_buffers: int = 2  # dQ's fp32 buffers, taken in turn by the steps
 
     @property
     def name(self):
@@ -38,7 +37,7 @@ def shared_bytes(r):
     score_tiles = 2 * (2 if r.split == "columns" else 1)  # dS, and P^T with the columns split, in two stages
     tensors = ELEMENT_BYTES * (r.block_n * (d + dv) + r.stages * r.block_m * (d + dv) +
                                score_tiles * r.block_m * r.block_n)
-    return tensors + r.dq_buffers * 4 * r.block_m * d + 2 * 4 * r.stages * r.block_m + 2048
+    return tensors + 4 * r.block_m * d + 2 * 4 * r.stages * r.block_m + 1024
 
 
 def _rows():
@@ -47,15 +46,14 @@ def _rows():
     for d in (64, 96, 128):
         for mask in ("nomask", "local"):
             if d == 64:  # 128 query rows: the accumulators of d = 128 on 64, twice the work per step
-                rows.append(Recipe((d, d), mask, why=key_rows + "; 128-row query tiles, one dQ buffer (two would pass"
-                                   " 227 KB)", block_m=128, dq_buffers=1))
+                rows.append(Recipe((d, d), mask, why=key_rows + "; 128-row query tiles", block_m=128))
             else:
                 rows.append(Recipe((d, d), mask, why=key_rows))
     wide = "two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ"
     for dims, stages in (((192, 192), 2), ((192, 128), 2), ((256, 256), 1)):
         for mask in ("nomask", "local"):
             why = wide + ("" if stages > 1 else "; one Q and dO stage (two would pass 227 KB)")
-            rows.append(Recipe(dims, mask, why=why, block_n=64, stages=stages, split="columns", dq_buffers=1))
+            rows.append(Recipe(dims, mask, why=why, block_n=64, stages=stages, split="columns"))
     for r in rows:
         assert shared_bytes(r) <= SHARED_BYTES_PER_CTA, r.name
     return rows

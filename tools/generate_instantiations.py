@@ -91,7 +91,6 @@ def backward_recipe_fields(r):
         ("block_n", str(r.block_n)),
         ("stages", str(r.stages)),
         ("split", ENUMS["dkv_split"][r.split]),
-        ("dq_buffers", str(r.dq_buffers)),
     ]
 
 

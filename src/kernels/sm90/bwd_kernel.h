@@ -178,10 +178,6 @@ struct BackwardKernel {
   static_assert(kDqFragment % 4 == 0, "dQ fragments in chunks of four");
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
   static constexpr int kDqSpanFloats = kDqTileFloats / kConsumers;
-  // dQ buffers taken in turn by the steps, where shared memory has room for two: a step's stores
-  // need not wait for the last step's reduction to have read its buffer.
-  static constexpr int kDqStages = kRecipe.dq_buffers;
-  static_assert(kDqStages == 1 || kDqStages == 2);
   // The float4 index of chunk c of consumer thread `thread_idx` (in [0, kConsumerThreads)).
   static CUTLASS_DEVICE int dq_chunk(int c, int thread_idx) {
     return thread_idx / kThreadsPerWarpGroup * (kDqSpanFloats / 4) + c * kThreadsPerWarpGroup +
@@ -197,7 +193,7 @@ struct BackwardKernel {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
     // P^T, laid out as dS (kSplitColumns; a placeholder otherwise)
     cute::array_aligned<Element, kSplitColumns ? cute::cosize_v<SmemLayoutDS> : 8, 1024> pt;
-    cute::array_aligned<float, kDqStages * kDqTileFloats, 128> dq;
+    cute::array_aligned<float, kDqTileFloats, 128> dq;
     cute::array_aligned<float, kStages * kBlockM, 16> lse_log2;  // per Q stage
     cute::array_aligned<float, kStages * kBlockM, 16> delta;     // per dO stage
     cutlass::arch::ClusterTransactionBarrier kv_full;
@@ -584,21 +580,16 @@ struct BackwardKernel {
       }
       warpgroup_fence_operand(dq);
 
-      // The warpgroup's span of dQ into this step's buffer, then added into the accumulator. With
-      // one buffer, the last reduction must have read it first; with two, the reduction that last
-      // read this one (two steps ago) had when the leader passed the last step's barrier.
-      float* const dq_buffer = shared.dq.data() + step % kDqStages * kDqTileFloats;
-      if constexpr (kDqStages == 1) {
-        if (leader) tma_store_wait<0>();
-        cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
-      }
-      float4* dq_chunks = reinterpret_cast<float4*>(dq_buffer);
+      // The warpgroup's span of dQ into its buffer, once its last reduction has read it, then added
+      // into the accumulator.
+      if (leader) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
+      float4* dq_chunks = reinterpret_cast<float4*>(shared.dq.data());
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kDqFragment / 4; ++c) {
         dq_chunks[dq_chunk(c, thread_idx)] = make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
       }
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-      if (kDqStages > 1 && leader) tma_store_wait<0>();  // the last step's reduction has read its buffer
       cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
       if (leader) {
         int64_t const block = params.rows.row_block(seq, head, m_block);
@@ -614,7 +605,7 @@ struct BackwardKernel {
           }
         }
         int const span = consumer * kDqSpanFloats;
-        bulk_reduce_add(params.dq_accum + block * kDqTileFloats + span, dq_buffer + span,
+        bulk_reduce_add(params.dq_accum + block * kDqTileFloats + span, shared.dq.data() + span,
                         kDqSpanFloats * sizeof(float));
         tma_store_arrive();
         if (semaphore != nullptr) {

@@ -23,7 +23,6 @@ struct BackwardRecipe {
   int block_n;       // key rows per CTA: 128 with kKeyRows, 64 with kColumns
   int stages;        // depth of the Q and dO shared-memory rings
   DkvSplit split;
-  int dq_buffers;    // dQ's fp32 buffers in shared memory, taken in turn by the steps (1 or 2)
 
   static constexpr int consumer_warpgroups() { return 2; }
   constexpr bool local() const { return mask == MaskKind::kLocal; }

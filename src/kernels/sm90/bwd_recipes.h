@@ -7,30 +7,30 @@
 namespace flashhop::sm90 {
 
 inline constexpr BackwardRecipe kBackwardRecipes[] = {
-    // hdim64_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them; 128-row query tiles, one dQ buffer (two would pass 227 KB)
-    {/*name=*/"hdim64_nomask", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kNone, /*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows, /*dq_buffers=*/1},
-    // hdim64_local: two consumer warpgroups of 64 key rows; dQ's columns split between them; 128-row query tiles, one dQ buffer (two would pass 227 KB)
-    {/*name=*/"hdim64_local", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kLocal, /*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows, /*dq_buffers=*/1},
+    // hdim64_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them; 128-row query tiles
+    {/*name=*/"hdim64_nomask", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kNone, /*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
+    // hdim64_local: two consumer warpgroups of 64 key rows; dQ's columns split between them; 128-row query tiles
+    {/*name=*/"hdim64_local", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kLocal, /*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim96_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim96_nomask", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows, /*dq_buffers=*/2},
+    {/*name=*/"hdim96_nomask", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim96_local: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim96_local", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows, /*dq_buffers=*/2},
+    {/*name=*/"hdim96_local", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim128_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim128_nomask", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows, /*dq_buffers=*/2},
+    {/*name=*/"hdim128_nomask", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim128_local: two consumer warpgroups of 64 key rows; dQ's columns split between them
-    {/*name=*/"hdim128_local", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows, /*dq_buffers=*/2},
+    {/*name=*/"hdim128_local", /*head_dim=*/128, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim192_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
-    {/*name=*/"hdim192_nomask", /*head_dim=*/192, /*head_dim_v=*/192, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns, /*dq_buffers=*/1},
+    {/*name=*/"hdim192_nomask", /*head_dim=*/192, /*head_dim_v=*/192, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
     // hdim192_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
-    {/*name=*/"hdim192_local", /*head_dim=*/192, /*head_dim_v=*/192, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns, /*dq_buffers=*/1},
+    {/*name=*/"hdim192_local", /*head_dim=*/192, /*head_dim_v=*/192, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
     // hdim192x128_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
-    {/*name=*/"hdim192x128_nomask", /*head_dim=*/192, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns, /*dq_buffers=*/1},
+    {/*name=*/"hdim192x128_nomask", /*head_dim=*/192, /*head_dim_v=*/128, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
     // hdim192x128_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ
-    {/*name=*/"hdim192x128_local", /*head_dim=*/192, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns, /*dq_buffers=*/1},
+    {/*name=*/"hdim192x128_local", /*head_dim=*/192, /*head_dim_v=*/128, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/2, /*split=*/DkvSplit::kColumns},
     // hdim256_nomask: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ; one Q and dO stage (two would pass 227 KB)
-    {/*name=*/"hdim256_nomask", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns, /*dq_buffers=*/1},
+    {/*name=*/"hdim256_nomask", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns},
     // hdim256_local: two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ; one Q and dO stage (two would pass 227 KB)
-    {/*name=*/"hdim256_local", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns, /*dq_buffers=*/1},
+    {/*name=*/"hdim256_local", /*head_dim=*/256, /*head_dim_v=*/256, /*mask=*/MaskKind::kLocal, /*block_m=*/64, /*block_n=*/64, /*stages=*/1, /*split=*/DkvSplit::kColumns},
 };
 inline constexpr int kNumBackwardRecipes = 12;
 
