@@ -7,8 +7,8 @@ block_n key rows (bwd_recipe.h's DkvSplit) while it walks query tiles of block_m
 memory holds K and V (block_n x d, block_n x dv), `stages` Q and dO tiles, two dS tiles (block_m x
 block_n; two of P^T too with the columns split) and dQ in fp32 (block_m x d). Registers per
 consumer thread (240): with key rows split (block_n 128), dK and dV accumulators d / 2 and dv / 2
-floats, S^T and dP^T block_m / 2 each, dQ d block_m / 256; with columns split (block_n 64), dK and dV d / 4 and dv / 4,
-S^T and dP^T 16 each, dQ d / 4.
+floats, S^T and dP^T block_m / 2 each, dQ d block_m / 256; with columns split (block_n 64), dK and
+dV d / 4 and dv / 4, S^T and dP^T 16 each, dQ d / 4.
 """
 from dataclasses import dataclass
 
@@ -34,7 +34,7 @@ class Recipe:
 
 def shared_bytes(r):
     d, dv = r.head_dims
-    score_tiles = 2 * (2 if r.split == "columns" else 1)  # dS, and P^T with the columns split, in two stages
+    score_tiles = 2 * (2 if r.split == "columns" else 1)  # two dS, and two P^T with the columns split
     tensors = ELEMENT_BYTES * (r.block_n * (d + dv) + r.stages * r.block_m * (d + dv) +
                                score_tiles * r.block_m * r.block_n)
     return tensors + 4 * r.block_m * d + 2 * 4 * r.stages * r.block_m + 1024
