@@ -12,7 +12,9 @@
 #     peers     tools/peers_sdpa.py, merged with the bench JSON when it exists; with FA3's forward when
 #               scripts/fetch_peers.sh has put its wheel under .deps/peers (installed into BUILD_DIR)
 #     backward  flashhop-bench --sweep peers --bwd, then tools/backward_bench.py (flashhop's backward
-#               through PyTorch beside SDPA's cuDNN and FA2 backward) (not in the default list)
+#               through PyTorch beside SDPA's cuDNN and FA2 backward, and FA3's, built first from the
+#               source that shared/peers/prepare_fa3_source.sh puts under .deps/fa3src, when there)
+#               (not in the default list)
 #     features  flashhop-bench --sweep features (windows, softcap, head dims 96 / 192), --check then timed
 #     gqa       flashhop-bench --sweep gqa (GQA decode and short queries, --pack-gqa on and off), --check
 #               then timed, and tools/peers_sdpa.py --sweep gqa merged with it (not in the default list)
@@ -37,7 +39,7 @@
 #   PROFILE_CONFIGS     flashhop-bench shapes for the profile stage, ';'-separated (default: the short
 #                       shapes where flashhop trails cuDNN: d 128 non-causal 512, d 64 and d 128 causal 512)
 # Files under $OUT (few, flat): summary.txt, build.log, test.log, bench.log, bench.json, backward.log,
-# backward.json, backward_peers.log, backward_peers.json, peers.log,
+# backward.json, backward_peers.log, backward_peers.json, fa3_build.log, peers.log,
 # peers.json, features.log, features.json, gqa.log, gqa.json, gqa_peers.log, gqa_peers.json,
 # sanitize.log, profile.log (+ profile_N[_fa3].ncu-rep / .csv), sass_check.log, sass_summary.txt, smi.csv;
 # and all of them again in all_logs.tar.gz.
@@ -159,6 +161,7 @@ stage_backward() {
   # shellcheck disable=SC2086  # TIMING is a list of flags
   "$BUILD_DIR/tools/flashhop-bench" --sweep peers --bwd $TIMING --json "$OUT/backward.json" >"$log" 2>&1 || status=1
   tail -40 "$log"
+  install_fa3_source
   # shellcheck disable=SC2086
   python3 "$root/tools/backward_bench.py" --json "$OUT/backward_peers.json" >"$OUT/backward_peers.log" 2>&1 || status=1
   tail -40 "$OUT/backward_peers.log"
@@ -236,6 +239,29 @@ install_fa3() {
     python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$target" ||
     { note "FA3 wheel $wheel did not install"; return 0; }
   export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+# FlashAttention-3 with its backward (the wheel has only the forward), built in place from the source
+# that shared/peers/prepare_fa3_source.sh puts under .deps/fa3src: bf16, d 64 / 128 / 256, the
+# features the backward table does not use left out; about 140 s on 16 cores, log in fa3_build.log.
+install_fa3_source() {
+  local src=$root/.deps/fa3src/hopper
+  if [[ ! -f $src/setup.py ]]; then
+    note "no FA3 source under .deps/fa3src: the backward's FA3 column reads n/a" \
+         "(shared/peers/prepare_fa3_source.sh prepares it)"
+    return 0
+  fi
+  if ! compgen -G "$src/flash_attn_3/_C*.so" >/dev/null; then
+    (
+      cd "$src" || exit 1
+      for feature in FP16 SPLIT PAGEDKV APPENDKV LOCAL SOFTCAP PACKGQA CLUSTER HDIM96 HDIM192 HDIMDIFF64 \
+                     HDIMDIFF192 SM80 FP8 VARLEN; do
+        export "FLASH_ATTENTION_DISABLE_$feature=TRUE"
+      done
+      MAX_JOBS=12 NVCC_THREADS=2 FLASH_ATTENTION_OFFLINE_BUILD=1 python3 setup.py build_ext --inplace
+    ) >"$OUT/fa3_build.log" 2>&1 || { note "FA3's build failed (fa3_build.log): the FA3 column reads n/a"; return 0; }
+  fi
+  export PYTHONPATH="$src:$src/flash_attn_3${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 stage_peers() {
