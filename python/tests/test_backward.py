@@ -36,6 +36,15 @@ def test_gradients(seqlen_q, seqlen_k, features, head_dim, dtype):
     check_gradients(q, k, v, dout, got, **FEATURES[features])
 
 
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+def test_gradients_from_an_unaligned_output_gradient(head_dim):
+    """dout's heads one element apart from 16-byte boundaries: the preprocess's 2-byte loads."""
+    q, k, v = random_qkv(2, 203, 113, 4, 2, head_dim)
+    dout = torch.randn(2, 203, 4, head_dim + 1, device="cuda", dtype=q.dtype)[..., :head_dim]
+    got = _gradients(q, k, v, dout, causal=True)
+    check_gradients(q, k, v, dout, got, causal=True)
+
+
 def test_deterministic_gradients_are_bitwise_identical():
     q, k, v = random_qkv(2, 500, 700, 8, 2, 128)
     dout = torch.randn_like(q)

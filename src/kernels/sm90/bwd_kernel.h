@@ -738,40 +738,88 @@ struct BackwardKernel {
     return {index % m_blocks, index / m_blocks % nheads, batch, params.rows.sequence(batch)};
   }
 
-  // D = rowsum(dO * O) and LSE * log2(e) of the tile's rows (a warp per row; rows past the
-  // sequence's queries get D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator
-  // cleared.
+  // D = rowsum(dO * O) and LSE * log2(e) of the tile's rows (rows past the sequence's queries get
+  // D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator cleared. 16-byte loads
+  // where O's and dO's rows allow them (their start and strides decide), else 2-byte ones.
   static CUTLASS_DEVICE void preprocess(RowParams const& params) {
     RowBlock const at = row_block_of(params);
     if (at.empty()) return;
-    int const m_block = at.m_block, head = at.head, batch = at.batch;
-    int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    constexpr int kWarps = kConsumerThreads / 32;
-    int64_t const block = params.rows.row_block(at.seq, head, m_block);
-    for (int r = warp; r < kBlockM; r += kWarps) {
-      int const row = m_block * kBlockM + r;
-      float sum = 0.f;
-      float lse_log2 = cutlass::platform::numeric_limits<float>::infinity();
-      if (row < at.seq.seqlen_q) {
-        int64_t const packed_row = at.seq.q_begin + row;
-        Element const* o = params.o + batch * params.o_batch_stride + packed_row * params.o_row_stride +
-                           head * params.o_head_stride;
-        Element const* dout = params.dout + batch * params.do_batch_stride + packed_row * params.do_row_stride +
-                              head * params.do_head_stride;
-        for (int c = lane; c < kHeadDimV; c += 32) sum += float(o[c]) * float(dout[c]);
-        float const lse = params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride +
-                                     packed_row * params.lse_row_stride];
-        if (lse != -cutlass::platform::numeric_limits<float>::infinity()) lse_log2 = lse * 1.4426950408889634f;
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-      if (lane == 0) {
-        params.delta[block * kBlockM + r] = sum;
-        params.lse_log2[block * kBlockM + r] = lse_log2;
-      }
-    }
+    int64_t const block = params.rows.row_block(at.seq, at.head, at.m_block);
     float4* accum = reinterpret_cast<float4*>(params.dq_accum + block * kDqTileFloats);
     for (int i = threadIdx.x; i < kDqTileFloats / 4; i += kConsumerThreads) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    Element const* o = params.o + at.batch * params.o_batch_stride + at.head * params.o_head_stride;
+    Element const* dout = params.dout + at.batch * params.do_batch_stride + at.head * params.do_head_stride;
+    constexpr int kWide = 16 / sizeof(Element);
+    bool const wide = reinterpret_cast<uintptr_t>(o) % 16 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0 &&
+                      params.o_row_stride % kWide == 0 && params.do_row_stride % kWide == 0;
+    if (wide) {
+      row_sums<kWide>(params, at, block, o, dout);
+    } else {
+      row_sums<1>(params, at, block, o, dout);
+    }
+  }
+
+  // The preprocess's rows in passes of kRowsPerPass, kThreadsPerRow threads a row (a power of two,
+  // so that a row's threads are adjacent lanes of one warp), each loading kVectorsPerThread pieces
+  // of kVec elements of O and of dO. The loads of kPassesInFlight passes are issued before their
+  // sums (all passes with 16-byte pieces; fewer with 2-byte ones, whose registers would limit the
+  // CTAs on an SM).
+  template <int kVec>
+  static CUTLASS_DEVICE void row_sums(RowParams const& params, RowBlock const& at, int64_t block, Element const* o,
+                                      Element const* dout) {
+    constexpr int kVectorsPerRow = kHeadDimV / kVec;
+    constexpr int kThreadsPerRow = cute::min(32, kVectorsPerRow & -kVectorsPerRow);
+    constexpr int kVectorsPerThread = kVectorsPerRow / kThreadsPerRow;
+    constexpr int kRowsPerPass = kConsumerThreads / kThreadsPerRow;
+    static_assert(kHeadDimV % kVec == 0 && kBlockM % kRowsPerPass == 0, "whole rows, whole passes");
+    constexpr int kPasses = kBlockM / kRowsPerPass;
+    constexpr int kPassesInFlight = cute::max(1, cute::min(kPasses, 8 / kVectorsPerThread));
+    static_assert(kPasses % kPassesInFlight == 0, "whole groups of passes");
+    using Vector = cutlass::AlignedArray<Element, kVec>;
+    float const kInf = cutlass::platform::numeric_limits<float>::infinity();
+    int const lane_in_row = threadIdx.x % kThreadsPerRow;
+    int const tile_row = threadIdx.x / kThreadsPerRow;  // in the first pass
+    float const* lse = params.lse + at.batch * params.lse_batch_stride + at.head * params.lse_head_stride;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int first_pass = 0; first_pass < kPasses; first_pass += kPassesInFlight) {
+      Vector o_pieces[kPassesInFlight][kVectorsPerThread], do_pieces[kPassesInFlight][kVectorsPerThread];
+      float row_lse[kPassesInFlight];
+      CUTLASS_PRAGMA_UNROLL
+      for (int pass = 0; pass < kPassesInFlight; ++pass) {
+        int const row = at.m_block * kBlockM + tile_row + (first_pass + pass) * kRowsPerPass;
+        int64_t const packed_row = at.seq.q_begin + row;
+        row_lse[pass] = row < at.seq.seqlen_q ? lse[packed_row * params.lse_row_stride] : -kInf;
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < kVectorsPerThread; ++v) {
+          int const col = (v * kThreadsPerRow + lane_in_row) * kVec;
+          if (row < at.seq.seqlen_q) {
+            o_pieces[pass][v] = *reinterpret_cast<Vector const*>(o + packed_row * params.o_row_stride + col);
+            do_pieces[pass][v] = *reinterpret_cast<Vector const*>(dout + packed_row * params.do_row_stride + col);
+          } else {
+            o_pieces[pass][v].fill(Element(0));
+            do_pieces[pass][v].fill(Element(0));
+          }
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int pass = 0; pass < kPassesInFlight; ++pass) {
+        float sum = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < kVectorsPerThread; ++v) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kVec; ++j) sum += float(o_pieces[pass][v][j]) * float(do_pieces[pass][v][j]);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+        if (lane_in_row == 0) {
+          int64_t const at_row = block * kBlockM + tile_row + (first_pass + pass) * kRowsPerPass;
+          params.delta[at_row] = sum;
+          // +inf where no key is seen (LSE = -inf) or past the sequence: P = 0 there
+          params.lse_log2[at_row] = row_lse[pass] == -kInf ? kInf : row_lse[pass] * 1.4426950408889634f;
+        }
+      }
+    }
   }
 
   // dQ = softmax_scale * accumulator of the tile's rows below the sequence's seqlen_q. Thread t
