@@ -46,7 +46,8 @@ def _rows():
     for d in (64, 96, 128):
         for mask in ("nomask", "local"):
             if d == 64:  # 128 query rows: the accumulators of d = 128 on 64, twice the work per step
-                rows.append(Recipe((d, d), mask, why=key_rows + "; 128-row query tiles", block_m=128))
+                why = "two consumer warpgroups of 64 key rows and 64 query rows of dQ; 128-row query tiles"
+                rows.append(Recipe((d, d), mask, why=why, block_m=128))
             else:
                 rows.append(Recipe((d, d), mask, why=key_rows))
     wide = "two consumer warpgroups on 64 key rows, each with half the columns of dK, dV and dQ"

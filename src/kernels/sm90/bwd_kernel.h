@@ -9,8 +9,9 @@
 //                  S^T = K Q^T, dP^T = V dO^T                     (wgmma, both operands in smem)
 //                  P^T = exp(S^T - LSE), dS^T = P^T (dP^T - D)   (registers; softcap's derivative)
 //                  dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
-//                and, once both warpgroups' dS^T are in shared memory, its half of the columns of
+//                and, once both warpgroups' dS^T are in shared memory, its half of
 //                  dQ = dS K                                      (wgmma, both operands in smem)
+//                (64 query rows of a 128-row tile, or half of the columns of a 64-row one)
 //                which it adds into the fp32 accumulator in global memory by a bulk reduction
 //                (in n_block order under a semaphore with `deterministic`). dK and dV sum over the
 //                KV group's query heads in registers: no atomics, the same order in every call.
@@ -88,8 +89,9 @@ struct BackwardKernel {
   static constexpr int kStages = kRecipe.stages;
   static constexpr int kConsumers = kRecipe.consumer_warpgroups();
   static constexpr bool kSplitColumns = kRecipe.split == DkvSplit::kColumns;
-  // Two consumer warpgroups: each takes half of dQ's columns (a wgmma atom of N = d / 2), and
-  // either 64 key rows of their own or, splitting columns, half of dV's and dK's.
+  // Two consumer warpgroups: each takes half of dQ (64 of 128 query rows, or with 64-row query
+  // tiles a wgmma atom of N = d / 2 columns), and either 64 key rows of their own or, splitting
+  // columns, half of dV's and dK's.
   static_assert(kConsumers == 2 && kBlockN == (kSplitColumns ? 64 : 64 * kConsumers),
                 "two consumer warpgroups on 64 key rows each, or sharing 64");
   static_assert(kHeadDim % (8 * kConsumers) == 0 && kHeadDimV % (8 * kConsumers) == 0,
@@ -103,9 +105,10 @@ struct BackwardKernel {
   using HeadDim = cute::Int<kHeadDim>;
   using HeadDimV = cute::Int<kHeadDimV>;
   using Stages = cute::Int<kStages>;
-  // Consumer warpgroup w: dQ's columns [w d / 2, (w + 1) d / 2); key rows [64 w, 64 w + 64) of
-  // S^T, dP^T, dV and dK, or with kSplitColumns, query columns [32 w, 32 w + 32) of S^T and dP^T
-  // and the w-th half of the columns of dV and dK.
+  // Consumer warpgroup w: dQ's query rows [64 w, 64 w + 64) of a 128-row tile, or its columns
+  // [w d / 2, (w + 1) d / 2) of a 64-row one; key rows [64 w, 64 w + 64) of S^T, dP^T, dV and dK,
+  // or with kSplitColumns, query columns [32 w, 32 w + 32) of S^T and dP^T and the w-th half of
+  // the columns of dV and dK.
   using KeyRowsAtoms = cute::Layout<cute::Shape<cute::Int<kConsumers>, cute::_1, cute::_1>>;
   using ColumnAtoms = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumers>, cute::_1>>;
   using ScoreAtoms = cute::conditional_t<kSplitColumns, ColumnAtoms, KeyRowsAtoms>;
@@ -130,9 +133,13 @@ struct BackwardKernel {
   using TiledMmaDP = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockN, ScoreAtomCols, HeadDimV>>{}, ScoreAtoms{}));
   using TiledMmaDV = DkvMma<kHeadDimV>;
   using TiledMmaDK = DkvMma<kHeadDim>;
-  using TiledMmaDQ = decltype(cute::make_tiled_mma(SsMma<cute::Shape<BlockM, cute::Int<kHeadDim / kConsumers>, BlockN>,
-                                                         cute::GMMA::Major::MN, cute::GMMA::Major::MN>{},
-                                                   ColumnAtoms{}));
+  // dQ's rows split where the tile has a wgmma atom's 64 for each warpgroup: each reads its half
+  // of dS from shared memory instead of all of it (K^T's bytes read are the same either way).
+  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumers;
+  using TiledMmaDQ = decltype(cute::make_tiled_mma(
+      SsMma<cute::Shape<BlockM, cute::Int<kDqSplitRows ? kHeadDim : kHeadDim / kConsumers>, BlockN>,
+            cute::GMMA::Major::MN, cute::GMMA::Major::MN>{},
+      cute::conditional_t<kDqSplitRows, KeyRowsAtoms, ColumnAtoms>{}));
 
   // Q and dO rings, K and V: the wgmma K-major swizzled layouts, head dim contiguous as in global
   // memory. The transposed views read the same bytes with the head dim as N (MN-major B operands).

@@ -7,9 +7,9 @@
 namespace flashhop::sm90 {
 
 inline constexpr BackwardRecipe kBackwardRecipes[] = {
-    // hdim64_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them; 128-row query tiles
+    // hdim64_nomask: two consumer warpgroups of 64 key rows and 64 query rows of dQ; 128-row query tiles
     {/*name=*/"hdim64_nomask", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kNone, /*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
-    // hdim64_local: two consumer warpgroups of 64 key rows; dQ's columns split between them; 128-row query tiles
+    // hdim64_local: two consumer warpgroups of 64 key rows and 64 query rows of dQ; 128-row query tiles
     {/*name=*/"hdim64_local", /*head_dim=*/64, /*head_dim_v=*/64, /*mask=*/MaskKind::kLocal, /*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
     // hdim96_nomask: two consumer warpgroups of 64 key rows; dQ's columns split between them
     {/*name=*/"hdim96_nomask", /*head_dim=*/96, /*head_dim_v=*/96, /*mask=*/MaskKind::kNone, /*block_m=*/64, /*block_n=*/128, /*stages=*/2, /*split=*/DkvSplit::kKeyRows},
