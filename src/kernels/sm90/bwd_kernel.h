@@ -219,8 +219,11 @@ struct BackwardKernel {
 
   // Named barriers of the consumers (ids offset past CUTLASS's reserved ones by NamedBarrier).
   static constexpr unsigned kDsReadyBarrier = 0;  // both warpgroups' dS^T are in shared memory
-  // Consumer warpgroup w's, around the refill of its span of the dQ buffer: kDqBarrier + w.
-  static constexpr unsigned kDqBarrier = 1;
+  // Between consumer warpgroup w and the writer warp, about w's span of the dQ buffer: + w.
+  static constexpr unsigned kDqFullBarrier = 1;               // written, to be added
+  static constexpr unsigned kDqEmptyBarrier = 1 + kConsumers;  // read by the last reduction
+  static constexpr unsigned kDqHandoverThreads = kThreadsPerWarpGroup + 32;
+  static constexpr int kDqWriterWarp = 1;  // of the producer warpgroup (warp 0 loads)
 
   template <class Dim>
   using GmemTensorOf = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
@@ -443,6 +446,57 @@ struct BackwardKernel {
     }
   }
 
+  // Writer warp: per step, each consumer warpgroup's span of dQ from the buffer into the
+  // accumulator in global memory by one bulk reduction, issued by one lane; with `deterministic`,
+  // the query tile's turn awaited first (every lower key tile that visits it has added its spans:
+  // each adds 1 to the semaphore once they are complete). The span goes back to its warpgroup once
+  // the reduction has read it.
+  static CUTLASS_DEVICE void write_dq(Params const& params, SharedStorage& shared, Work const& work,
+                                      Sequence const& seq, Mask const& mask, QueryBlocks const& blocks, int steps) {
+    bool const issuer = cute::elect_one_sync();
+    int const group = params.rows.nheads / params.nheads_kv;
+    int const m_count = blocks.end - blocks.begin;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int step = 0; step < steps; ++step) {
+      int const head = work.head_kv * group + step / m_count;
+      int const m_block = blocks.begin + step % m_count;
+      float* accum = params.dq_accum + params.rows.row_block(seq, head, m_block) * kDqTileFloats;
+      int* semaphore = params.dq_semaphore != nullptr
+                           ? params.dq_semaphore + params.rows.semaphore(work.batch, head, m_block)
+                           : nullptr;
+      if (semaphore != nullptr && issuer) {
+        int const last_query = cute::min(m_block * kBlockM + kBlockM, seq.seqlen_q) - 1;
+        int const turn = work.n_block - mask.template key_blocks<kBlockN>(m_block * kBlockM, last_query).begin;
+        while (load_acquire(semaphore) < turn) {
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int w = 0; w < kConsumers; ++w) {
+        cutlass::arch::NamedBarrier::sync(kDqHandoverThreads, kDqFullBarrier + w);
+        if (issuer) {
+          bulk_reduce_add(accum + w * kDqSpanFloats, shared.dq.data() + w * kDqSpanFloats,
+                          kDqSpanFloats * sizeof(float));
+          cute::tma_store_arrive();
+        }
+      }
+      if (semaphore != nullptr && issuer) {
+        bulk_wait_complete();
+        __threadfence();
+        atomicAdd(semaphore, 1);
+      }
+      if (step + 1 < steps) {  // the consumers await the spans' return before their next step only
+        static_assert(kConsumers == 2, "spans returned in issue order");
+        if (issuer) cute::tma_store_wait<1>();
+        __syncwarp();
+        cutlass::arch::NamedBarrier::arrive(kDqHandoverThreads, kDqEmptyBarrier);
+        if (issuer) cute::tma_store_wait<0>();
+        __syncwarp();
+        cutlass::arch::NamedBarrier::arrive(kDqHandoverThreads, kDqEmptyBarrier + 1);
+      }
+    }
+    if (issuer) cute::tma_store_wait<0>();  // the last reductions have read the buffer before the CTA exits
+  }
+
   // Consumers: thread_idx in [0, kConsumerThreads), consumer the warpgroup (0 or 1).
   static CUTLASS_DEVICE void compute(Params const& params, SharedStorage& shared, Pipeline& pipeline_q,
                                      Pipeline& pipeline_do, Work const& work, Sequence const& seq, Mask const& mask,
@@ -495,7 +549,6 @@ struct BackwardKernel {
     int const group = params.rows.nheads / params.nheads_kv;
     int const m_count = blocks.end - blocks.begin;
     int const first_key = work.n_block * kBlockN;
-    bool const leader = thread_idx % kThreadsPerWarpGroup == 0;  // issues the warpgroup's dQ reductions
     if (steps > 0) shared.kv_full.wait(0);
     PipelineState read;
     CUTLASS_PRAGMA_NO_UNROLL
@@ -587,47 +640,22 @@ struct BackwardKernel {
       }
       warpgroup_fence_operand(dq);
 
-      // The warpgroup's span of dQ into its buffer, once its last reduction has read it, then added
-      // into the accumulator.
-      if (leader) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
+      // The warpgroup's span of dQ into its buffer, once the writer warp's last reduction has read
+      // it (nothing to wait for at the first step), then handed to the writer warp.
+      if (step > 0) cutlass::arch::NamedBarrier::sync(kDqHandoverThreads, kDqEmptyBarrier + consumer);
       float4* dq_chunks = reinterpret_cast<float4*>(shared.dq.data());
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kDqFragment / 4; ++c) {
         dq_chunks[dq_chunk(c, thread_idx)] = make_float4(dq(4 * c), dq(4 * c + 1), dq(4 * c + 2), dq(4 * c + 3));
       }
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-      cutlass::arch::NamedBarrier::sync(kThreadsPerWarpGroup, kDqBarrier + consumer);
-      if (leader) {
-        int64_t const block = params.rows.row_block(seq, head, m_block);
-        int* semaphore = params.dq_semaphore != nullptr
-                             ? params.dq_semaphore + params.rows.semaphore(work.batch, head, m_block)
-                             : nullptr;
-        if (semaphore != nullptr) {
-          // This tile's turn: after both warpgroups of every lower key tile that visits the query
-          // tile have added theirs (each adds 1).
-          int const last_query = cute::min(m_block * kBlockM + kBlockM, seq.seqlen_q) - 1;
-          int const turn = work.n_block - mask.template key_blocks<kBlockN>(m_block * kBlockM, last_query).begin;
-          while (load_acquire(semaphore) < kConsumers * turn) {
-          }
-        }
-        int const span = consumer * kDqSpanFloats;
-        bulk_reduce_add(params.dq_accum + block * kDqTileFloats + span, shared.dq.data() + span,
-                        kDqSpanFloats * sizeof(float));
-        tma_store_arrive();
-        if (semaphore != nullptr) {
-          bulk_wait_complete();
-          __threadfence();
-          atomicAdd(semaphore, 1);
-        }
-      }
+      cutlass::arch::NamedBarrier::arrive(kDqHandoverThreads, kDqFullBarrier + consumer);
       if constexpr (!kSplitColumns) {
         warpgroup_wait<0>();  // dK's GEMM has read this stage's Q
         release_stage();
       }
       ++read;
     }
-    if (leader) tma_store_wait<0>();  // the last reduction has read the span before the CTA exits
 
     store_rows<kHeadDim>(dk_accum, mma_dk, params.dk, params.dk_batch_stride, params.dk_row_stride,
                          params.dk_head_stride, params.softmax_scale, work, seq, thread_idx);
@@ -681,7 +709,9 @@ struct BackwardKernel {
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Roles::kProducerRegisters>();
+      int const warp = cutlass::canonical_warp_idx_sync() % 4;
       if (threadIdx.x == 0 && steps > 0) load(params, shared, pipeline_q, pipeline_do, work, seq, blocks, steps);
+      if (warp == kDqWriterWarp && steps > 0) write_dq(params, shared, work, seq, mask, blocks, steps);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Roles::kConsumerRegisters>();
       compute(params, shared, pipeline_q, pipeline_do, work, seq, mask, blocks, steps,
