@@ -86,11 +86,14 @@ def bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def _readable_rows(grad_out):
-    """grad_out as the kernels read it: rows with a contiguous last dimension, a step along every
-    other one. Autograd hands over broadcast gradients (stride 0, e.g. of out.sum()) as they are."""
+    """grad_out as the kernels read it: 16-byte aligned rows (TMA) with a contiguous last dimension,
+    a step along every other one. Autograd hands over broadcast gradients (stride 0, e.g. of
+    out.sum()) and slices of wider tensors as they are."""
     last = grad_out.dim() - 1
-    if any(stride != 1 if d == last else stride == 0
-           for d, (size, stride) in enumerate(zip(grad_out.shape, grad_out.stride())) if size > 1):
+    row_multiple = 16 // grad_out.element_size()
+    if grad_out.data_ptr() % 16 != 0 or any(
+            stride != 1 if d == last else stride == 0 or stride % row_multiple != 0
+            for d, (size, stride) in enumerate(zip(grad_out.shape, grad_out.stride())) if size > 1):
         return grad_out.contiguous()
     return grad_out
 

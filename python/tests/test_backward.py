@@ -38,7 +38,7 @@ def test_gradients(seqlen_q, seqlen_k, features, head_dim, dtype):
 
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_gradients_from_an_unaligned_output_gradient(head_dim):
-    """dout's heads one element apart from 16-byte boundaries: the preprocess's 2-byte loads."""
+    """dout a slice of a wider tensor, its rows off 16-byte boundaries: copied before the kernels."""
     q, k, v = random_qkv(2, 203, 113, 4, 2, head_dim)
     dout = torch.randn(2, 203, 4, head_dim + 1, device="cuda", dtype=q.dtype)[..., :head_dim]
     got = _gradients(q, k, v, dout, causal=True)

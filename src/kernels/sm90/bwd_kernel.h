@@ -619,10 +619,6 @@ struct BackwardKernel {
       cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDsReadyBarrier);
 
       Tensor dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
-      auto const release_stage = [&] {
-        pipeline_q.consumer_release(read);
-        pipeline_do.consumer_release(read);
-      };
       if constexpr (kSplitColumns) {
         // dV's and dK's GEMMs first: the stage goes back to the producer as soon as they have read
         // its dO and Q (d = 256 has one), so that dQ's trip to the accumulator overlaps the next load.
@@ -630,13 +626,15 @@ struct BackwardKernel {
         warpgroup_gemm<false, -1>(mma_dk, tDKrDSt(_, _, _, ds_stage), tDKrQt(_, _, _, stage), dk_accum);
         warpgroup_gemm<true, -1>(mma_dq, tDQrDS(_, _, _, ds_stage), tDQrKt, dq);
         warpgroup_wait<1>();
-        release_stage();
+        pipeline_q.consumer_release(read);
+        pipeline_do.consumer_release(read);
         warpgroup_wait<0>();
       } else {
         // dQ's GEMM before dK's, so that its span goes into the accumulator while dK's runs.
         warpgroup_gemm<true, -1>(mma_dq, tDQrDS(_, _, _, ds_stage), tDQrKt, dq);
         warpgroup_gemm<false, -1>(mma_dk, ds_regs, tDKrQt(_, _, _, stage), dk_accum);
         warpgroup_wait<1>();  // dV's GEMM (issued first) and dQ's
+        pipeline_do.consumer_release(read);  // the stage's dO is read: its next load may start
       }
       warpgroup_fence_operand(dq);
 
@@ -652,7 +650,7 @@ struct BackwardKernel {
       cutlass::arch::NamedBarrier::arrive(kDqHandoverThreads, kDqFullBarrier + consumer);
       if constexpr (!kSplitColumns) {
         warpgroup_wait<0>();  // dK's GEMM has read this stage's Q
-        release_stage();
+        pipeline_q.consumer_release(read);
       }
       ++read;
     }
@@ -776,9 +774,19 @@ struct BackwardKernel {
   }
 
   // D = rowsum(dO * O) and LSE * log2(e) of the tile's rows (rows past the sequence's queries get
-  // D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator cleared. 16-byte loads
-  // where O's and dO's rows allow them (their start and strides decide), else 2-byte ones.
+  // D = 0 and +inf, as do rows that see no key); the tile's dQ accumulator cleared. The rows go in
+  // passes of kRowsPerPass, kThreadsPerRow threads a row (a power of two, so that a row's threads
+  // are adjacent lanes of one warp), each loading kVectorsPerThread 16-byte pieces of O and of dO
+  // (their rows are 16-byte aligned: validate.cpp); every load is issued before the first sum.
   static CUTLASS_DEVICE void preprocess(RowParams const& params) {
+    constexpr int kVec = 16 / sizeof(Element);
+    constexpr int kVectorsPerRow = kHeadDimV / kVec;
+    constexpr int kThreadsPerRow = cute::min(32, kVectorsPerRow & -kVectorsPerRow);
+    constexpr int kVectorsPerThread = kVectorsPerRow / kThreadsPerRow;
+    constexpr int kRowsPerPass = kConsumerThreads / kThreadsPerRow;
+    static_assert(kHeadDimV % kVec == 0 && kBlockM % kRowsPerPass == 0, "whole rows, whole passes");
+    constexpr int kPasses = kBlockM / kRowsPerPass;
+    using Vector = cutlass::AlignedArray<Element, kVec>;
     RowBlock const at = row_block_of(params);
     if (at.empty()) return;
     int64_t const block = params.rows.row_block(at.seq, at.head, at.m_block);
@@ -787,74 +795,44 @@ struct BackwardKernel {
 
     Element const* o = params.o + at.batch * params.o_batch_stride + at.head * params.o_head_stride;
     Element const* dout = params.dout + at.batch * params.do_batch_stride + at.head * params.do_head_stride;
-    constexpr int kWide = 16 / sizeof(Element);
-    bool const wide = reinterpret_cast<uintptr_t>(o) % 16 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0 &&
-                      params.o_row_stride % kWide == 0 && params.do_row_stride % kWide == 0;
-    if (wide) {
-      row_sums<kWide>(params, at, block, o, dout);
-    } else {
-      row_sums<1>(params, at, block, o, dout);
-    }
-  }
-
-  // The preprocess's rows in passes of kRowsPerPass, kThreadsPerRow threads a row (a power of two,
-  // so that a row's threads are adjacent lanes of one warp), each loading kVectorsPerThread pieces
-  // of kVec elements of O and of dO. The loads of kPassesInFlight passes are issued before their
-  // sums (all passes with 16-byte pieces; fewer with 2-byte ones, whose registers would limit the
-  // CTAs on an SM).
-  template <int kVec>
-  static CUTLASS_DEVICE void row_sums(RowParams const& params, RowBlock const& at, int64_t block, Element const* o,
-                                      Element const* dout) {
-    constexpr int kVectorsPerRow = kHeadDimV / kVec;
-    constexpr int kThreadsPerRow = cute::min(32, kVectorsPerRow & -kVectorsPerRow);
-    constexpr int kVectorsPerThread = kVectorsPerRow / kThreadsPerRow;
-    constexpr int kRowsPerPass = kConsumerThreads / kThreadsPerRow;
-    static_assert(kHeadDimV % kVec == 0 && kBlockM % kRowsPerPass == 0, "whole rows, whole passes");
-    constexpr int kPasses = kBlockM / kRowsPerPass;
-    constexpr int kPassesInFlight = cute::max(1, cute::min(kPasses, 8 / kVectorsPerThread));
-    static_assert(kPasses % kPassesInFlight == 0, "whole groups of passes");
-    using Vector = cutlass::AlignedArray<Element, kVec>;
+    float const* lse = params.lse + at.batch * params.lse_batch_stride + at.head * params.lse_head_stride;
     float const kInf = cutlass::platform::numeric_limits<float>::infinity();
     int const lane_in_row = threadIdx.x % kThreadsPerRow;
     int const tile_row = threadIdx.x / kThreadsPerRow;  // in the first pass
-    float const* lse = params.lse + at.batch * params.lse_batch_stride + at.head * params.lse_head_stride;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (int first_pass = 0; first_pass < kPasses; first_pass += kPassesInFlight) {
-      Vector o_pieces[kPassesInFlight][kVectorsPerThread], do_pieces[kPassesInFlight][kVectorsPerThread];
-      float row_lse[kPassesInFlight];
+    Vector o_pieces[kPasses][kVectorsPerThread], do_pieces[kPasses][kVectorsPerThread];
+    float row_lse[kPasses];
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPasses; ++pass) {
+      int const row = at.m_block * kBlockM + tile_row + pass * kRowsPerPass;
+      int64_t const packed_row = at.seq.q_begin + row;
+      row_lse[pass] = row < at.seq.seqlen_q ? lse[packed_row * params.lse_row_stride] : -kInf;
       CUTLASS_PRAGMA_UNROLL
-      for (int pass = 0; pass < kPassesInFlight; ++pass) {
-        int const row = at.m_block * kBlockM + tile_row + (first_pass + pass) * kRowsPerPass;
-        int64_t const packed_row = at.seq.q_begin + row;
-        row_lse[pass] = row < at.seq.seqlen_q ? lse[packed_row * params.lse_row_stride] : -kInf;
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < kVectorsPerThread; ++v) {
-          int const col = (v * kThreadsPerRow + lane_in_row) * kVec;
-          if (row < at.seq.seqlen_q) {
-            o_pieces[pass][v] = *reinterpret_cast<Vector const*>(o + packed_row * params.o_row_stride + col);
-            do_pieces[pass][v] = *reinterpret_cast<Vector const*>(dout + packed_row * params.do_row_stride + col);
-          } else {
-            o_pieces[pass][v].fill(Element(0));
-            do_pieces[pass][v].fill(Element(0));
-          }
+      for (int v = 0; v < kVectorsPerThread; ++v) {
+        int const col = (v * kThreadsPerRow + lane_in_row) * kVec;
+        if (row < at.seq.seqlen_q) {
+          o_pieces[pass][v] = *reinterpret_cast<Vector const*>(o + packed_row * params.o_row_stride + col);
+          do_pieces[pass][v] = *reinterpret_cast<Vector const*>(dout + packed_row * params.do_row_stride + col);
+        } else {
+          o_pieces[pass][v].fill(Element(0));
+          do_pieces[pass][v].fill(Element(0));
         }
       }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPasses; ++pass) {
+      float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
-      for (int pass = 0; pass < kPassesInFlight; ++pass) {
-        float sum = 0.f;
+      for (int v = 0; v < kVectorsPerThread; ++v) {
         CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < kVectorsPerThread; ++v) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kVec; ++j) sum += float(o_pieces[pass][v][j]) * float(do_pieces[pass][v][j]);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-        if (lane_in_row == 0) {
-          int64_t const at_row = block * kBlockM + tile_row + (first_pass + pass) * kRowsPerPass;
-          params.delta[at_row] = sum;
-          // +inf where no key is seen (LSE = -inf) or past the sequence: P = 0 there
-          params.lse_log2[at_row] = row_lse[pass] == -kInf ? kInf : row_lse[pass] * 1.4426950408889634f;
-        }
+        for (int j = 0; j < kVec; ++j) sum += float(o_pieces[pass][v][j]) * float(do_pieces[pass][v][j]);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+      if (lane_in_row == 0) {
+        int64_t const at_row = block * kBlockM + tile_row + pass * kRowsPerPass;
+        params.delta[at_row] = sum;
+        // +inf where no key is seen (LSE = -inf) or past the sequence: P = 0 there
+        params.lse_log2[at_row] = row_lse[pass] == -kInf ? kInf : row_lse[pass] * 1.4426950408889634f;
       }
     }
   }
@@ -892,23 +870,12 @@ struct BackwardKernel {
     Element* dq = params.dq + batch * params.dq_batch_stride + head * params.dq_head_stride +
                   (at.seq.q_begin + int64_t{m_block} * kBlockM) * params.dq_row_stride;
     int const rows = cute::min(int{kBlockM}, at.seq.seqlen_q - m_block * kBlockM);
-    // 16-byte stores where dQ's rows allow them (the last dimension is contiguous; the rows' start
-    // and stride decide), else 4-byte ones.
-    bool const wide = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && params.dq_row_stride % (16 / sizeof(Element)) == 0;
-    if (wide) {
-      constexpr int kPieces = kHeadDim * sizeof(Element) / 16;  // per row
-      for (int i = thread_idx; i < rows * kPieces; i += kConsumerThreads) {
-        int const row = i / kPieces, col = i % kPieces * (16 / sizeof(Element));
-        *reinterpret_cast<uint4*>(dq + row * params.dq_row_stride + col) =
-            *reinterpret_cast<uint4 const*>(tile + row * kDqRowPitch + col);
-      }
-    } else {
-      constexpr int kPieces = kHeadDim / 2;
-      for (int i = thread_idx; i < rows * kPieces; i += kConsumerThreads) {
-        int const row = i / kPieces, col = i % kPieces * 2;
-        *reinterpret_cast<uint32_t*>(dq + row * params.dq_row_stride + col) =
-            *reinterpret_cast<uint32_t const*>(tile + row * kDqRowPitch + col);
-      }
+    // 16-byte stores: dQ's rows are 16-byte aligned (validate.cpp)
+    constexpr int kPieces = kHeadDim * sizeof(Element) / 16;  // per row
+    for (int i = thread_idx; i < rows * kPieces; i += kConsumerThreads) {
+      int const row = i / kPieces, col = i % kPieces * (16 / sizeof(Element));
+      *reinterpret_cast<uint4*>(dq + row * params.dq_row_stride + col) =
+          *reinterpret_cast<uint4 const*>(tile + row * kDqRowPitch + col);
     }
   }
 };
