@@ -11,9 +11,10 @@
 //                  dV += P^T dO, dK += dS^T Q                     (wgmma, P^T and dS^T from registers)
 //                and, once both warpgroups' dS^T are in shared memory, its half of
 //                  dQ = dS K                                      (wgmma, both operands in smem)
-//                (64 query rows of a 128-row tile, or half of the columns of a 64-row one)
-//                which it adds into the fp32 accumulator in global memory by a bulk reduction
-//                (in n_block order under a semaphore with `deterministic`). dK and dV sum over the
+//                (64 query rows of a 128-row tile, or half of the columns of a 64-row one),
+//                which it stores into its span of a shared-memory buffer for the writer warp to add
+//                into the fp32 accumulator in global memory by a bulk reduction (in n_block order
+//                under a semaphore with `deterministic`). dK and dV sum over the
 //                KV group's query heads in registers: no atomics, the same order in every call.
 //                With DkvSplit::kColumns (large head dims) the warpgroups share 64 key rows: w
 //                computes S^T and dP^T for half of the query columns, and, from P^T and dS^T in
@@ -25,8 +26,9 @@
 // tile lies past them; TMA reads the packed tensors from the sequence's first row (the rows past
 // the sequence weigh zero: their keys are masked, their queries' LSE is +inf).
 //
-// A producer warp loads Q with its LSE and dO with its D into rings of kStages stages (TMA, bulk
-// copies, mbarrier pipelines). Scores are kept unscaled as in the forward (softmax.h): s = q.k, or
+// In the producer warpgroup, one warp loads Q with its LSE and dO with its D into rings of kStages
+// stages (TMA, bulk copies, mbarrier pipelines) and another, the writer warp, adds the consumers'
+// dQ into the accumulator. Scores are kept unscaled as in the forward (softmax.h): s = q.k, or
 // t = tanh(q.k * softmax_scale / softcap) with soft-capping, and softmax_scale (times 1 - t^2)
 // comes in at the end: dQ and dK are scaled once, in the postprocess and the epilogue.
 #pragma once
