@@ -14,8 +14,8 @@
 //                (64 query rows of a 128-row tile, or half of the columns of a 64-row one),
 //                which it stores into its span of a shared-memory buffer for the writer warp to add
 //                into the fp32 accumulator in global memory by a bulk reduction (in n_block order
-//                under a semaphore with `deterministic`). dK and dV sum over the
-//                KV group's query heads in registers: no atomics, the same order in every call.
+//                under a semaphore with `deterministic`). dK and dV sum over the KV group's query
+//                heads in registers: no atomics, the same order in every call.
 //                With DkvSplit::kColumns (large head dims) the warpgroups share 64 key rows: w
 //                computes S^T and dP^T for half of the query columns, and, from P^T and dS^T in
 //                shared memory, half of the columns of dV, dK and dQ;
@@ -50,11 +50,13 @@
 namespace flashhop::sm90 {
 
 // cp.reduce.async.bulk: adds `bytes` of fp32 values from shared memory into global memory, element
-// by element and atomically, in the bulk-async group that tma_store_arrive() commits.
+// by element and atomically, in the bulk-async group that tma_store_arrive() commits. The lines
+// are kept in L2 last (the other key tiles' CTAs add into the same query tile).
 CUTLASS_DEVICE void bulk_reduce_add(float* gmem, float const* smem, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n"
                :
-               : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes),
+                 "l"(static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST))
                : "memory");
 }
 
