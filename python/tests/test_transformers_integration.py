@@ -265,6 +265,24 @@ def test_position_ids_that_count_up_are_one_sequence():
     assert integration._packed_sequence_bounds(packed, q, k).tolist() == [0, 3, 11]
 
 
+def test_the_layers_of_a_forward_read_its_position_ids_once(monkeypatch):
+    """The host waits for the ids once per tensor (every layer gets the same one), and again
+    where they changed in place."""
+    query, key, value = _heads_first(batch=1)
+    q, k = query.transpose(1, 2), key.transpose(1, 2)
+    reads = []
+    equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: reads.append(1) or equal(a, b))
+    positions = torch.arange(11)[None]
+    for _ in range(3):
+        assert integration._packed_sequence_bounds(positions, q, k) is None
+    assert len(reads) == 1
+    positions[0, 3:] = torch.arange(8)
+    for _ in range(3):
+        assert integration._packed_sequence_bounds(positions, q, k).tolist() == [0, 3, 11]
+    assert len(reads) == 2
+
+
 @pytest.mark.parametrize("sliding_window, causal, expected",
                          [(None, True, (-1, -1)), (8, True, (7, 0)), (8, False, (8, 8))])
 def test_window_size_convention(sliding_window, causal, expected):

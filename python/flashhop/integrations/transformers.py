@@ -19,6 +19,7 @@ position bias (those go to transformers' SDPA function as they are).
 import functools
 import math
 import warnings
+import weakref
 
 import torch
 from transformers import AttentionInterface, modeling_utils
@@ -32,6 +33,10 @@ NAME = "flashhop"
 
 # The reasons already warned about (each warns once per process).
 _warned = set()
+
+# The last position ids read on the host, their version and the bounds found in them: the layers
+# of one forward share the tensor, so the host waits for the GPU once per forward, not per layer.
+_last_bounds = (None, None, None)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
@@ -184,18 +189,25 @@ def _gather(t, index):
 def _packed_sequence_bounds(position_ids, q, k):
     """cu_seqlens of the sequences packed into a batch of one row, where its position ids restart
     (transformers' _is_packed_sequence, which FlashAttention's path uses); None where they count
-    up without a restart, or cannot describe packing. Reads the ids on the host, as that check does."""
+    up without a restart, or cannot describe packing. Reads the ids on the host, as that check
+    does, once per tensor of ids (_last_bounds)."""
+    global _last_bounds
     if position_ids is None or position_ids.dim() != 2 or q.shape[0] != 1:
         return None
     if q.shape[1] == 1 or q.shape[1] != k.shape[1]:
         return None
+    last_ids, last_version, last_bounds = _last_bounds
+    if last_ids is not None and last_ids() is position_ids and last_version == position_ids._version:
+        return last_bounds
     positions = position_ids[0]
     first = positions.min()
-    if torch.equal(positions, torch.arange(positions.numel(), device=positions.device) + first):
-        return None
-    starts = (positions == first).nonzero().flatten()
-    end = torch.tensor([positions.numel()], device=positions.device)
-    return torch.cat([starts, end]).to(torch.int32)
+    bounds = None
+    if not torch.equal(positions, torch.arange(positions.numel(), device=positions.device) + first):
+        starts = (positions == first).nonzero().flatten()
+        end = torch.tensor([positions.numel()], device=positions.device)
+        bounds = torch.cat([starts, end]).to(torch.int32)
+    _last_bounds = (weakref.ref(position_ids), position_ids._version, bounds)
+    return bounds
 
 
 def _warn_once(reason):
