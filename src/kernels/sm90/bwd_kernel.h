@@ -550,15 +550,13 @@ struct BackwardKernel {
     clear(dv_accum);
     clear(dk_accum);
 
-    int const group = params.rows.nheads / params.nheads_kv;
     int const m_count = blocks.end - blocks.begin;
     int const first_key = work.n_block * kBlockN;
     if (steps > 0) shared.kv_full.wait(0);
     PipelineState read;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int step = 0; step < steps; ++step) {
-      int const head = work.head_kv * group + step / m_count;
-      int const m_block = blocks.begin + step % m_count;
+      int const m_block = blocks.begin + step % m_count;  // of query head head_kv * group + step / m_count
       int const stage = read.index();
 
       Tensor s_accum = partition_fragment_C(mma_s, Shape<BlockN, BlockM>{});
