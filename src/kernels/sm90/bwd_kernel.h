@@ -295,6 +295,8 @@ struct BackwardKernel {
     int q_rows, k_rows, tma_batch;  // the TMA tensors' extents
     int nheads_kv;
     int n_blocks;  // key tiles of seqlen_k
+    int kv_pairs;  // (batch entry, KV head) pairs
+    int section;   // of pairs whose key tiles interleave (work_of)
     float const* lse_log2;  // (nheads, blocks_per_head * kBlockM)
     float const* delta;
     float* dq_accum;    // (nheads, blocks_per_head, kDqTileFloats)
@@ -350,6 +352,8 @@ struct BackwardKernel {
             tma_batch,
             p.nheads_kv,
             (p.seqlen_k + kBlockN - 1) / kBlockN,
+            p.batch * p.nheads_kv,
+            section_of(p),
             p.lse_log2,
             p.delta,
             p.dq_accum,
@@ -367,16 +371,35 @@ struct BackwardKernel {
             (softcap ? p.softcap : p.softmax_scale) * kLog2e};
   }
 
-  // The CTA's key tile, KV head and batch: key tiles run fastest, so that with `deterministic` the
-  // CTAs a query tile waits on (lower key tiles of the same head) were launched before it.
+  // The (batch entry, KV head) pairs whose CTAs interleave, as many as keep their query heads' Q, dO
+  // and dQ accumulator within kL2Bytes, a power of two. Only where walks differ in length (a causal
+  // key tile sees every query tile after it): one pair otherwise, whose key tiles then share every
+  // load from L2.
+  static constexpr int64_t kL2Bytes = int64_t{40} << 20;
+  static int section_of(BackwardParams const& p) {
+    if constexpr (!Mask::kIsLocal) return 1;
+    int64_t const pair_bytes = int64_t{p.nheads / p.nheads_kv} * p.seqlen_q *
+                               ((kHeadDim + kHeadDimV) * int64_t{sizeof(Element)} + kHeadDim * int64_t{sizeof(float)});
+    int section = 1;
+    while (section < p.batch * p.nheads_kv && 2 * section * pair_bytes <= kL2Bytes) section *= 2;
+    return section;
+  }
+
+  // The CTA's key tile, KV head and batch: sections of params.section pairs one after the other; in
+  // a section, the pairs fastest and key tiles slowest, so that the longest causal walks start first
+  // and, with `deterministic`, the CTAs a query tile waits on (lower key tiles of the same pair)
+  // were launched before it.
   struct Work {
     int n_block, head_kv, batch;
   };
   static CUTLASS_DEVICE Work work_of(Params const& params) {
     int const index = blockIdx.x;
-    int const n_block = index % params.n_blocks;
-    int const rest = index / params.n_blocks;
-    return {n_block, rest % params.nheads_kv, rest / params.nheads_kv};
+    int const per_section = params.section * params.n_blocks;
+    int const first = index / per_section * params.section;
+    int const in_section = index % per_section;
+    int const pairs = cute::min(params.section, params.kv_pairs - first);  // fewer in the last section
+    int const pair = first + in_section % pairs;
+    return {in_section / pairs, pair % params.nheads_kv, pair / params.nheads_kv};
   }
 
   // The query tiles that key tile n_block visits (a mask's query_blocks on its real keys).
