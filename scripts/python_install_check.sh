@@ -9,8 +9,9 @@
 #
 # Usage: scripts/python_install_check.sh [PYTEST_ARGS...]
 # Environment:
-#   FLASHHOP_DTYPES     kernel selection compiled into the package (defaults here: bf16 and 64, the
-#   FLASHHOP_HEAD_DIMS  check being of the packaging; tests of kernels left out report themselves skipped)
+#   FLASHHOP_DTYPES     kernel selection compiled into the package (unset: bf16 and 64; set empty: no
+#   FLASHHOP_HEAD_DIMS  kernels, as CI builds it, the check being of the packaging; tests of kernels left
+#                       out report themselves skipped)
 #   TORCH_INDEX_URL     index to install torch from (default: pip's own, PyPI, whose Linux torch is a
 #                       CUDA build, 5.3 GB installed with its libraries; PyTorch's CPU-only index,
 #                       where reachable, is a much smaller download)
@@ -18,7 +19,7 @@
 set -Eeuo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export FLASHHOP_DTYPES=${FLASHHOP_DTYPES:-bf16} FLASHHOP_HEAD_DIMS=${FLASHHOP_HEAD_DIMS:-64}
+export FLASHHOP_DTYPES=${FLASHHOP_DTYPES-bf16} FLASHHOP_HEAD_DIMS=${FLASHHOP_HEAD_DIMS-64}
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 
 work=$(mktemp -d)
