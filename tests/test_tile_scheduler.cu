@@ -256,4 +256,47 @@ TEST(StaticPersistentSchedule, SplitStepsMatchTheirDefinitions) {
   EXPECT_GT(plans, 50);
 }
 
+// The backward's CTA order: every (key tile, pair) once; a pair's key tiles in rising order (the
+// deterministic dQ's waits rely on it); within a section, key tiles never fall as the index rises
+// (the longest causal walks first); a section of one pair is key tile after key tile, pair after pair.
+TEST(BackwardOrder, EveryKeyTileOnceLowerKeyTilesFirstLongestWalksFirst) {
+  for (int n_blocks : {1, 2, 5, 16, 128}) {
+    for (int kv_pairs : {1, 3, 8, 13, 64}) {
+      for (int section = 1; section < 2 * kv_pairs; section *= 2) {
+        flashhop::sm90::BackwardOrder const order{n_blocks, kv_pairs, section};
+        std::map<std::pair<int, int>, int> index_of;  // (pair, n_block) -> index
+        int previous_n_block = 0;
+        for (int index = 0; index < n_blocks * kv_pairs; ++index) {
+          auto const [n_block, pair] = order(index);
+          ASSERT_TRUE(n_block >= 0 && n_block < n_blocks && pair >= 0 && pair < kv_pairs)
+              << n_blocks << " key tiles, " << kv_pairs << " pairs, section " << section << ", index " << index;
+          ASSERT_TRUE(index_of.emplace(std::pair{pair, n_block}, index).second) << "twice: pair " << pair;
+          if (index % (section * n_blocks) != 0) EXPECT_GE(n_block, previous_n_block) << "index " << index;
+          previous_n_block = n_block;
+          if (section == 1) EXPECT_EQ(index, pair * n_blocks + n_block);
+        }
+        for (int pair = 0; pair < kv_pairs; ++pair) {
+          for (int n_block = 1; n_block < n_blocks; ++n_block) {
+            EXPECT_LT(index_of.at({pair, n_block - 1}), index_of.at({pair, n_block}));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Sections: the largest power of two of pairs whose bytes fit, at least one, never past the first
+// power of two at or above the pair count.
+TEST(BackwardOrder, SectionsFitTheirPairsBytes) {
+  using flashhop::sm90::BackwardOrder;
+  std::int64_t const l2 = 40ll << 20;
+  EXPECT_EQ(BackwardOrder::section_for(l2, 64, l2), 1);
+  EXPECT_EQ(BackwardOrder::section_for(2 * l2, 64, l2), 1);
+  EXPECT_EQ(BackwardOrder::section_for(l2 / 8, 64, l2), 8);
+  EXPECT_EQ(BackwardOrder::section_for(l2 / 8 + 1, 64, l2), 4);
+  EXPECT_EQ(BackwardOrder::section_for(1, 64, l2), 64);
+  EXPECT_EQ(BackwardOrder::section_for(1, 13, l2), 16);
+  EXPECT_EQ(BackwardOrder::section_for(1, 1, l2), 1);
+}
+
 }  // namespace

@@ -45,6 +45,7 @@
 #include "kernels/sm90/gmma_utils.h"
 #include "kernels/sm90/mask.h"
 #include "kernels/sm90/softmax.h"
+#include "kernels/sm90/tile_scheduler.h"
 #include "kernels/sm90/varlen.h"
 
 namespace flashhop::sm90 {
@@ -294,9 +295,7 @@ struct BackwardKernel {
     Batch rows;
     int q_rows, k_rows, tma_batch;  // the TMA tensors' extents
     int nheads_kv;
-    int n_blocks;  // key tiles of seqlen_k
-    int kv_pairs;  // (batch entry, KV head) pairs
-    int section;   // of pairs whose key tiles interleave (work_of)
+    BackwardOrder order;  // of the CTAs (work_of)
     float const* lse_log2;  // (nheads, blocks_per_head * kBlockM)
     float const* delta;
     float* dq_accum;    // (nheads, blocks_per_head, kDqTileFloats)
@@ -351,9 +350,7 @@ struct BackwardKernel {
             k_rows,
             tma_batch,
             p.nheads_kv,
-            (p.seqlen_k + kBlockN - 1) / kBlockN,
-            p.batch * p.nheads_kv,
-            section_of(p),
+            BackwardOrder{(p.seqlen_k + kBlockN - 1) / kBlockN, p.batch * p.nheads_kv, section_of(p)},
             p.lse_log2,
             p.delta,
             p.dq_accum,
@@ -371,11 +368,11 @@ struct BackwardKernel {
             (softcap ? p.softcap : p.softmax_scale) * kLog2e};
   }
 
-  // The (batch entry, KV head) pairs whose CTAs interleave, as many as keep their query heads' Q, dO
-  // and dQ accumulator within kL2Bytes, a power of two. Only where walks differ in length (a causal
-  // key tile sees every query tile after it), and from kLptMinKeys keys on: one pair otherwise, whose
-  // key tiles then share every load from L2 (H100: sections cost 5 to 11% at 512 and 1k keys, and
-  // gain up to 7% from 2k on).
+  // The (batch entry, KV head) pairs whose CTAs interleave (BackwardOrder), as many as keep their
+  // query heads' Q, dO and dQ accumulator within kL2Bytes. Only where walks differ in length (a
+  // causal key tile sees every query tile after it), and from kLptMinKeys keys on: one pair
+  // otherwise, whose key tiles then share every load from L2 (H100: sections cost 5 to 11% at 512
+  // and 1k keys, and gain up to 7% from 2k on).
   static constexpr int64_t kL2Bytes = int64_t{40} << 20;
   static constexpr int kLptMinKeys = 2048;
   static int section_of(BackwardParams const& p) {
@@ -383,26 +380,16 @@ struct BackwardKernel {
     if (p.seqlen_k < kLptMinKeys) return 1;
     int64_t const pair_bytes = int64_t{p.nheads / p.nheads_kv} * p.seqlen_q *
                                ((kHeadDim + kHeadDimV) * int64_t{sizeof(Element)} + kHeadDim * int64_t{sizeof(float)});
-    int section = 1;
-    while (section < p.batch * p.nheads_kv && 2 * section * pair_bytes <= kL2Bytes) section *= 2;
-    return section;
+    return BackwardOrder::section_for(pair_bytes, p.batch * p.nheads_kv, kL2Bytes);
   }
 
-  // The CTA's key tile, KV head and batch: sections of params.section pairs one after the other; in
-  // a section, the pairs fastest and key tiles slowest, so that the longest causal walks start first
-  // and, with `deterministic`, the CTAs a query tile waits on (lower key tiles of the same pair)
-  // were launched before it.
+  // The CTA's key tile, KV head and batch entry.
   struct Work {
     int n_block, head_kv, batch;
   };
   static CUTLASS_DEVICE Work work_of(Params const& params) {
-    int const index = blockIdx.x;
-    int const per_section = params.section * params.n_blocks;
-    int const first = index / per_section * params.section;
-    int const in_section = index % per_section;
-    int const pairs = cute::min(params.section, params.kv_pairs - first);  // fewer in the last section
-    int const pair = first + in_section % pairs;
-    return {in_section / pairs, pair % params.nheads_kv, pair / params.nheads_kv};
+    BackwardOrder::Slot const slot = params.order(blockIdx.x);
+    return {slot.n_block, slot.pair % params.nheads_kv, slot.pair / params.nheads_kv};
   }
 
   // The query tiles that key tile n_block visits (a mask's query_blocks on its real keys).

@@ -1,7 +1,8 @@
 // Tile schedulers of the sm90 forward kernel. A work tile is one query tile (block_m rows) of one
 // head of one batch entry. Each CTA walks a sequence of tile indices, from first_tile() while
 // has_tile(): statically strided (StaticPersistentScheduler::next_tile), or taken from a queue in
-// global memory and handed to the CTA's roles through a TileRing (CausalScheduler).
+// global memory and handed to the CTA's roles through a TileRing (CausalScheduler). And the order
+// of the backward kernel's CTAs, one per key tile (BackwardOrder).
 #pragma once
 
 #include <algorithm>
@@ -254,6 +255,35 @@ struct VarlenScheduler {
     t.head = head;
     t.batch = sequence;
     return t;
+  }
+};
+
+// The backward's CTA order: CTA `index` takes key tile n_block of `pair` (batch entry * nheads_kv +
+// KV head). Sections of `section` pairs one after the other; within a section the pairs run fastest
+// and the key tiles slowest, so that with causal masks, where a key tile sees every query tile
+// after it, the longest walks start first (LPT order) while the section's pairs share L2. A
+// section of one pair is key tile after key tile, pair after pair. Either way a pair's lower key
+// tiles come first (deterministic dQ waits on them).
+struct BackwardOrder {
+  int n_blocks;  // key tiles of a pair
+  int kv_pairs;
+  int section;   // pairs; the last section may have fewer
+  struct Slot {
+    int n_block, pair;
+  };
+  CUTLASS_HOST_DEVICE Slot operator()(int index) const {
+    int const per_section = section * n_blocks;
+    int const first = index / per_section * section;
+    int const in_section = index % per_section;
+    int const pairs = section < kv_pairs - first ? section : kv_pairs - first;
+    return {in_section / pairs, first + in_section % pairs};
+  }
+  // The largest power of two of pairs (up to the first at or past kv_pairs) whose pair_bytes each
+  // fit l2_bytes together, at least one.
+  static int section_for(std::int64_t pair_bytes, int kv_pairs, std::int64_t l2_bytes) {
+    int section = 1;
+    while (section < kv_pairs && 2 * section * pair_bytes <= l2_bytes) section *= 2;
+    return section;
   }
 };
 
