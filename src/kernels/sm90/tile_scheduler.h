@@ -278,8 +278,8 @@ struct BackwardOrder {
     int const pairs = section < kv_pairs - first ? section : kv_pairs - first;
     return {in_section / pairs, first + in_section % pairs};
   }
-  // The largest power of two of pairs (up to the first at or past kv_pairs) whose pair_bytes each
-  // fit l2_bytes together, at least one.
+  // The largest power of two of pairs whose pair_bytes together fit l2_bytes, at least one and at
+  // most the first power of two at or past kv_pairs.
   static int section_for(std::int64_t pair_bytes, int kv_pairs, std::int64_t l2_bytes) {
     int section = 1;
     while (section < kv_pairs && 2 * section * pair_bytes <= l2_bytes) section *= 2;
