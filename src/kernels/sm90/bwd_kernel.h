@@ -371,8 +371,8 @@ struct BackwardKernel {
   // The (batch entry, KV head) pairs whose CTAs interleave (BackwardOrder), as many as keep their
   // query heads' Q, dO and dQ accumulator within kL2Bytes. Only where walks differ in length (a
   // causal key tile sees every query tile after it), and from kLptMinKeys keys on: one pair
-  // otherwise, whose key tiles then share every load from L2 (H100: sections cost 5 to 11% at 512
-  // and 1k keys, and gain up to 7% from 2k on).
+  // otherwise, whose key tiles then share every load from L2 (on short walks the sections' spread
+  // loads cost more than the order gains, D162).
   static constexpr int64_t kL2Bytes = int64_t{40} << 20;
   static constexpr int kLptMinKeys = 2048;
   static int section_of(BackwardParams const& p) {
